@@ -1,0 +1,139 @@
+"""IMPALA's actor-critic with V-trace off-policy correction.
+
+Espeholt et al. 2018, "IMPALA" (arXiv 1802.01561), and deepmind/scalable_agent
+`experiment.py`. Defaults are the paper's Atari settings (Table G.1):
+unroll 20, batch 32, gamma 0.99, baseline cost 0.5, entropy cost 0.01,
+RMSProp lr 6e-4 (eps 0.01, decay 0.99, momentum 0), global grad-norm clip 40,
+lr annealed linearly to 0. rho_bar = c_bar = 1 ("rho_bar = 1 worked best").
+
+Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
+`reward[t]`, `terminated[t]` and `truncated[t]` are what followed it; the last
+observation `obs[T]` only bootstraps. gamma_t = gamma * (1 - terminated_t), so
+a truncated episode bootstraps from V(obs[t+1]), the final observation, which
+NEXT_STEP autoreset keeps in the unroll. The step after a done only resets
+the env; `is_first[t+1]` marks it and it is masked out of every loss term.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import Field
+
+from rlfabric.algorithms.base import Algorithm, TrajectoryConfig, to_tensors
+from rlfabric.algorithms.returns import vtrace
+from rlfabric.models import ActorCritic, ModelConfig
+
+
+class VTraceConfig(TrajectoryConfig):
+    name: Literal["vtrace"] = Field("vtrace", description="registered algorithm name")
+    optimizer: Literal["rmsprop", "adam"] = Field("rmsprop", description="optimizer")
+    eps: float = Field(0.01, gt=0, description="optimizer epsilon (RMSProp 0.01 per IMPALA)")
+    rmsprop_decay: float = Field(0.99, gt=0, lt=1, description="RMSProp decay (alpha)")
+    grad_clip: float | None = Field(40.0, gt=0, description="global grad-norm clip; null: none")
+    baseline_cost: float = Field(0.5, ge=0, description="weight of the value loss")
+    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    rho_bar: float = Field(1.0, gt=0, description="truncation of the importance weight rho")
+    c_bar: float = Field(1.0, gt=0, description="truncation of the trace coefficient c")
+    pg_rho_bar: float = Field(1.0, gt=0, description="truncation of rho in the pg advantage")
+    lambda_: float = Field(1.0, ge=0, le=1, alias="lambda", description="trace decay lambda")
+    reward_clip: float | None = Field(
+        None, gt=0, description="clip rewards to [-x, x] (IMPALA Atari: 1); null: no clipping"
+    )
+    loss_reduction: Literal["sum", "mean"] = Field(
+        "sum",
+        description="'sum' over T*B as scalable_agent (lr 6e-4 assumes it) or 'mean' as SEED RL",
+    )
+
+    model_config = TrajectoryConfig.model_config | {"populate_by_name": True}
+
+
+class VTrace(Algorithm):
+    """Actor-critic whose targets and advantages are V-trace corrected."""
+
+    config_cls = VTraceConfig
+    data = "trajectory"
+    action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
+
+    def __init__(
+        self,
+        cfg: VTraceConfig,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_cfg: ModelConfig,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(cfg, obs_space, action_space, model_cfg, device)
+        self.cfg: VTraceConfig = cfg
+        self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
+        if cfg.optimizer == "rmsprop":
+            self.optimizer = torch.optim.RMSprop(
+                self.model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_decay, eps=cfg.eps
+            )
+        else:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.eps)
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, state: Any = None, deterministic: bool = False
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+        params, _ = self.model(torch.as_tensor(obs, device=self.device)[None])
+        params = params[0]
+        dist = self.model.distribution(params)
+        action = self.model.mode(params) if deterministic else dist.sample()
+        logp = dist.log_prob(action)
+        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, state
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        cfg = self.cfg
+        b = to_tensors(batch, self.device)
+        params, values = self.model(b["obs"])
+        dist = self.model.distribution(params[:-1])
+        logp = dist.log_prob(b["action"])
+        entropy = dist.entropy()
+
+        valid = (~b["is_first"][1:]).float()
+        rewards = b["reward"].float()
+        if cfg.reward_clip is not None:
+            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+        discounts = cfg.gamma * (1.0 - b["terminated"].float()) * valid
+        log_rhos = logp.detach() - b["logp"]
+        targets = vtrace(
+            log_rhos=log_rhos,
+            discounts=discounts,
+            rewards=rewards,
+            values=values[:-1].detach(),
+            bootstrap_value=values[-1].detach(),
+            valid=valid,
+            rho_bar=cfg.rho_bar,
+            c_bar=cfg.c_bar,
+            pg_rho_bar=cfg.pg_rho_bar,
+            lambda_=cfg.lambda_,
+        )
+
+        # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
+        pg_loss = -(logp * targets.pg_advantages * valid).sum()
+        baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
+        entropy_sum = (entropy * valid).sum()
+        loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy_sum
+        n_valid = valid.sum().clamp(min=1.0)
+        if cfg.loss_reduction == "mean":
+            loss = loss / n_valid
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip else float("inf")
+        )
+        self.optimizer.step()
+        return {
+            "loss": loss.item(),
+            "pg_loss": pg_loss.item() / n_valid.item(),
+            "baseline_loss": baseline_loss.item() / n_valid.item(),
+            "entropy": entropy_sum.item() / n_valid.item(),
+            "grad_norm": grad_norm.item(),
+            "rho_mean": (log_rhos.exp() * valid).sum().item() / n_valid.item(),
+        }

@@ -1,0 +1,17 @@
+"""Gymnasium environment factories: classic control, Atari (ale-py) and MuJoCo.
+
+Pure gymnasium and numpy, no Ray or torch: the env runners build their vector envs here.
+"""
+
+from rlfabric.envs.config import AtariConfig, EnvConfig
+from rlfabric.envs.episodes import EpisodeTracker
+from rlfabric.envs.factory import EnvInfo, describe_env, make_vector_env
+
+__all__ = [
+    "AtariConfig",
+    "EnvConfig",
+    "EnvInfo",
+    "EpisodeTracker",
+    "describe_env",
+    "make_vector_env",
+]

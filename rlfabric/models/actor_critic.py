@@ -1,0 +1,79 @@
+"""The actor-critic network every on-policy algorithm shares."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from rlfabric.models.config import ModelConfig
+from rlfabric.models.networks import (
+    MLP,
+    CategoricalHead,
+    GaussianHead,
+    NatureCNN,
+    init_layer,
+    is_image_space,
+)
+
+
+class UnsupportedSpaceError(ValueError):
+    """An observation or action space no model here can handle."""
+
+
+def build_torso(obs_space: gym.Space, cfg: ModelConfig) -> nn.Module:
+    """Pick the torso from the observation space unless the spec names one."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise UnsupportedSpaceError(
+            f"observation space {obs_space} is not supported; allowed: Box observations"
+        )
+    torso = cfg.torso
+    if torso == "auto":
+        torso = "cnn" if is_image_space(obs_space) else "mlp"
+    if torso == "cnn":
+        if len(obs_space.shape) != 3:
+            raise UnsupportedSpaceError(
+                f"model.torso='cnn' needs [C, H, W] observations, got shape {obs_space.shape}"
+            )
+        return NatureCNN(tuple(obs_space.shape), cfg.cnn_features)
+    return MLP(int(np.prod(obs_space.shape)), cfg.hidden, cfg.activation)
+
+
+def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) -> nn.Module:
+    """Categorical for Discrete actions, diagonal Gaussian for 1-D Box actions."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return CategoricalHead(in_dim, int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return GaussianHead(in_dim, action_space.shape[0], cfg.log_std_init)
+    raise UnsupportedSpaceError(
+        f"action space {action_space} is not supported; allowed: Discrete or 1-D Box"
+    )
+
+
+class ActorCritic(nn.Module):
+    """Shared torso, a policy head and a value head.
+
+    Inputs are time-major `[T, B, ...]` so that a recurrent core can slot in
+    between torso and heads; `forward` returns the policy parameters
+    `[T, B, P]` and values `[T, B]`.
+    """
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.torso = build_torso(obs_space, cfg)
+        self.policy = build_policy_head(self.torso.out_dim, action_space, cfg)
+        self.value = init_layer(nn.Linear(self.torso.out_dim, 1), gain=1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        time, batch = obs.shape[:2]
+        features = self.torso(obs.reshape(time * batch, *obs.shape[2:]))
+        params = self.policy(features)
+        value = self.value(features).squeeze(-1)
+        return params.reshape(time, batch, -1), value.reshape(time, batch)
+
+    def distribution(self, params: torch.Tensor) -> torch.distributions.Distribution:
+        return self.policy.distribution(params)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return self.policy.mode(params)

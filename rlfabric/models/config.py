@@ -1,0 +1,42 @@
+"""Model section of the experiment spec."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ModelConfig(BaseModel):
+    """Which torso and heads to build; the spaces decide the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    torso: Literal["auto", "mlp", "cnn"] = Field(
+        "auto",
+        description="feature extractor: 'auto' picks the Nature CNN for image observations "
+        "(uint8, 3-D) and an MLP otherwise",
+    )
+    hidden: list[int] = Field(
+        [64, 64], description="MLP hidden layer sizes (ignored by the CNN torso)"
+    )
+    activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
+    cnn_features: int = Field(512, gt=0, description="width of the Nature CNN's last layer")
+    lstm: int = Field(0, ge=0, description="LSTM core size; 0 means no recurrent core")
+    log_std_init: float = Field(
+        0.0, description="initial log standard deviation of the Gaussian head (continuous actions)"
+    )
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_sizes(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(s <= 0 for s in sizes):
+            raise ValueError(f"hidden sizes must be a non-empty list of positive ints, got {sizes}")
+        return sizes
+
+    @field_validator("lstm")
+    @classmethod
+    def _no_lstm_yet(cls, size: int) -> int:
+        if size:
+            raise ValueError(f"recurrent cores are not available yet (got lstm={size}); allowed: 0")
+        return size

@@ -1,0 +1,1 @@
+"""User face and runtime: Platform, ExperimentSpec, CLI, checkpoints, metrics, actors."""

@@ -1,0 +1,136 @@
+"""The `rlfabric` command.
+
+    rlfabric train SPEC.yaml [section.field=value ...]
+    rlfabric train --resume runs/<name> [section.field=value ...]
+    rlfabric spec show SPEC.yaml [section.field=value ...]
+
+A user error (bad spec, unknown name, missing checkpoint) prints one
+paragraph and exits 2; its traceback goes to a log file, not the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from rlfabric.platform.errors import RLFabricError
+
+
+def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:
+    """`prefix.field (type, default X): description` for every field, recursively."""
+    lines = []
+    for name, info in model.model_fields.items():
+        key = f"{prefix}.{info.alias or name}" if prefix else (info.alias or name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            lines += describe_fields(annotation, key)
+            continue
+        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        default = info.get_default(call_default_factory=True)
+        lines.append(f"  {key} ({type_name}, default {default!r}): {info.description or ''}")
+    return lines
+
+
+def spec_reference() -> str:
+    """Every field of every section, with registered algorithms and architectures."""
+    from rlfabric.algorithms import ALGORITHMS
+    from rlfabric.architectures import ARCHITECTURES
+    from rlfabric.platform.spec import ExperimentSpec
+
+    lines = ["spec fields (override any with section.field=value):"]
+    for section, info in ExperimentSpec.model_fields.items():
+        if section == "algo":
+            for name, cls in ALGORITHMS.items():
+                lines.append(f" algo: {name}")
+                lines += describe_fields(cls.config_cls, "algo")
+        elif section == "arch":
+            for name, cls in ARCHITECTURES.items():
+                lines.append(f" arch: {name}")
+                lines += describe_fields(cls.config_cls, "arch")
+        else:
+            lines.append(f" {section}: {info.description}")
+            lines += describe_fields(info.annotation, section)
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose help can end with the spec reference (built only when shown)."""
+
+    def __init__(self, *args: Any, spec_help: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec_help = spec_help
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return f"{text}\n{spec_reference()}\n" if self.spec_help else text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rlfabric", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = commands.add_parser("train", help="train from a YAML spec", spec_help=True)
+    train.add_argument("spec", nargs="?", help="YAML experiment spec")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
+    train.add_argument("--resume", metavar="LOGDIR", help="continue the run in LOGDIR")
+    train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
+    spec_cmd = commands.add_parser("spec", help="inspect specs")
+    spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
+    show = spec_sub.add_parser("show", help="print the fully resolved spec with defaults")
+    show.add_argument("spec", help="YAML experiment spec")
+    show.add_argument("overrides", nargs="*", help="dotted overrides")
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlfabric.platform.facade import Platform
+
+    overrides = list(args.overrides)
+    if args.address:
+        overrides.append(f"resources.address={args.address}")
+    if args.resume:
+        if args.spec:  # `train --resume DIR a.b=c`: argparse took the first override as spec
+            overrides.insert(0, args.spec)
+        platform = Platform.resume(args.resume, overrides)
+    elif args.spec:
+        platform = Platform.from_yaml(args.spec, overrides)
+    else:
+        raise RLFabricError("train needs a spec file or --resume LOGDIR")
+    try:
+        result = platform.fit()
+    except KeyboardInterrupt:
+        print("interrupted: final checkpoint written, all actors stopped", file=sys.stderr)
+        return 130
+    return 0 if result.stop_reason != "interrupted" else 130
+
+
+def _spec_show(args: argparse.Namespace) -> int:
+    from rlfabric.platform.spec import ExperimentSpec
+
+    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_yaml(), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers: dict[str, Any] = {"train": _train, "spec": _spec_show}
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return handlers[args.command](args)
+    except RLFabricError as err:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="rlfabric-error-", suffix=".log", delete=False
+        ) as f:
+            traceback.print_exc(file=f)
+        print(f"error: {err}\n(traceback: {Path(f.name)})", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""EnvRunner: a vector of envs split into groups that step alternately.
+
+A runner answers one request per *group* vector step, never per env. Two
+groups let one group step while the other waits for its actions (Sample
+Factory's double-buffered sampling; SEED RL's actors do the same with
+threads). The runner knows nothing of Ray or of who picks the actions: an
+architecture drives `reset` and `step` and ships the requests.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from rlfabric.envs import EnvConfig, EpisodeTracker, make_vector_env
+
+Request = dict[str, Any]
+
+
+def group_sizes(num_envs: int, num_groups: int) -> list[int]:
+    """Split `num_envs` into `num_groups` near-equal groups."""
+    base, extra = divmod(num_envs, num_groups)
+    return [base + (g < extra) for g in range(num_groups)]
+
+
+class EnvRunner:
+    """Steps `env.num_envs` envs in `num_groups` vector groups.
+
+    Each request carries the observation after the last action together with
+    that action's reward and done flags (SEED RL's actor message), the
+    `is_first` flags (the observation starts an episode), the returns and
+    lengths of episodes that just ended, and how long the step took.
+    """
+
+    def __init__(self, env_cfg: EnvConfig, index: int, seed: int, num_groups: int = 2) -> None:
+        self.index = index
+        self.run_id = uuid.uuid4().hex  # a restarted runner gets a new one (SEED's run_id)
+        sizes = group_sizes(env_cfg.num_envs, num_groups)
+        offsets = np.cumsum([0, *sizes])
+        base = seed + index * env_cfg.num_envs
+        self.envs = [make_vector_env(env_cfg, n, int(base + off)) for n, off in zip(sizes, offsets)]
+        self.seeds = [int(base + off) for off in offsets[:-1]]
+        self.trackers = [EpisodeTracker(n) for n in sizes]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.envs)
+
+    def reset(self, group: int) -> Request:
+        obs, _ = self.envs[group].reset(seed=self.seeds[group])
+        tracker = self.trackers[group]
+        n = len(obs)
+        return self._request(
+            group,
+            obs,
+            reward=np.zeros(n, np.float32),
+            terminated=np.zeros(n, bool),
+            truncated=np.zeros(n, bool),
+            is_first=tracker.first.copy(),
+            episodes=(np.zeros(0, np.float32), np.zeros(0, np.int64)),
+            env_step_s=0.0,
+        )
+
+    def step(self, group: int, action: np.ndarray) -> Request:
+        start = time.perf_counter()
+        obs, reward, terminated, truncated, info = self.envs[group].step(action)
+        elapsed = time.perf_counter() - start
+        tracker = self.trackers[group]
+        episodes = tracker.update(reward, terminated, truncated, info)
+        return self._request(
+            group,
+            obs,
+            reward=np.asarray(reward, np.float32),
+            terminated=np.asarray(terminated, bool),
+            truncated=np.asarray(truncated, bool),
+            is_first=tracker.first.copy(),
+            episodes=episodes,
+            env_step_s=elapsed,
+        )
+
+    def _request(
+        self, group: int, obs: np.ndarray, *, episodes: tuple[np.ndarray, np.ndarray], **fields: Any
+    ) -> Request:
+        return {
+            "key": (self.index, group),
+            "run_id": self.run_id,
+            "obs": obs,
+            "episode_returns": np.asarray(episodes[0], np.float32),
+            "episode_lengths": np.asarray(episodes[1], np.int64),
+            **fields,
+        }
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

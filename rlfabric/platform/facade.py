@@ -1,0 +1,212 @@
+"""Platform: the user's entry point. Spec in, trained run (Result) out.
+
+    Platform(arch="seed", algo="vtrace", env="CartPole-v1").fit()
+
+`fit()` checks the spec against the env before anything starts, creates the
+run's logdir (spec.yaml, metrics.jsonl, tensorboard/, curve.png,
+checkpoints/), starts Ray if the architecture needs it, and runs report
+intervals until a stop condition holds. On the way out, also on Ctrl-C or an
+error, it writes a final checkpoint and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.architectures import ARCHITECTURES, Architecture
+from rlfabric.envs import EnvInfo, describe_env
+from rlfabric.models import ActorCritic, UnsupportedSpaceError
+from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from rlfabric.platform.errors import CheckpointError, SpecError
+from rlfabric.platform.ray_setup import init_ray
+from rlfabric.platform.reporting import Reporter
+from rlfabric.platform.spec import ExperimentSpec, StopConfig
+
+log = logging.getLogger(__name__)
+
+SECTIONS = ("env", "arch", "algo", "model", "sparse", "resources", "run")
+
+
+@dataclass
+class Result:
+    """What a finished run hands back."""
+
+    metrics: dict[str, float]
+    checkpoint: str | None
+    logdir: str
+    stop_reason: str = ""
+    curve: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def check_spec(spec: ExperimentSpec) -> EnvInfo:
+    """Checks that need the env's spaces; raise SpecError before anything starts."""
+    env_info = describe_env(spec.env)
+    algo_cls = ALGORITHMS[spec.algo.name]
+    arch_cls = ARCHITECTURES[spec.arch.name]
+    try:
+        algo_cls.check_spaces(env_info.observation_space, env_info.action_space)
+        ActorCritic(env_info.observation_space, env_info.action_space, spec.model)
+    except (ValueError, UnsupportedSpaceError) as err:
+        raise SpecError(f"{spec.env.id} with algo '{spec.algo.name}': {err}") from None
+    if algo_cls.data not in arch_cls.data_kinds:
+        raise SpecError(
+            f"arch '{spec.arch.name}' cannot feed algorithm '{spec.algo.name}' "
+            f"({algo_cls.data} data); it feeds: {', '.join(arch_cls.data_kinds)}"
+        )
+    return env_info
+
+
+class Platform:
+    """Build from a spec object, keyword sections, or a YAML file; then `fit()`."""
+
+    def __init__(
+        self,
+        spec: ExperimentSpec | dict[str, Any] | None = None,
+        *,
+        overrides: list[str] | None = None,
+        **sections: Any,
+    ) -> None:
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            raise SpecError(
+                f"unknown spec section(s) {sorted(unknown)}; allowed: {', '.join(SECTIONS)}"
+            )
+        data = spec.to_dict() if isinstance(spec, ExperimentSpec) else dict(spec or {})
+        data.update({k: v for k, v in sections.items() if v is not None})
+        self.spec = ExperimentSpec.build(data, overrides)
+        self.env_info = check_spec(self.spec)
+        self._resume_from: Path | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Platform:
+        return cls(ExperimentSpec.from_yaml(path, overrides))
+
+    @classmethod
+    def resume(cls, logdir: str | Path, overrides: list[str] | None = None) -> Platform:
+        """Continue the run in `logdir` from its newest checkpoint, at its frame count."""
+        logdir = Path(logdir)
+        spec_path = logdir / "spec.yaml"
+        if not spec_path.is_file():
+            raise CheckpointError(f"{str(logdir)!r} is not a run folder: it has no spec.yaml")
+        if not list_checkpoints(logdir / "checkpoints"):
+            raise CheckpointError(f"run folder {str(logdir)!r} holds no checkpoint to resume")
+        platform = cls(ExperimentSpec.from_yaml(spec_path, overrides))
+        platform._resume_from = logdir
+        return platform
+
+    # -- the run --------------------------------------------------------------------
+
+    def fit(self) -> Result:
+        spec = self.spec
+        stop = spec.stop_conditions(self.env_info.reward_threshold)
+        state, logdir = self._prepare_logdir()
+        previous = state["counters"].get("wall_time_s", 0.0) if state else 0.0
+        title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
+        reporter = Reporter(logdir, spec.run.display, title)
+        arch_cls = ARCHITECTURES[spec.arch.name]
+        started_ray = init_ray(spec.resources) if arch_cls.uses_ray else False
+        arch: Architecture = arch_cls(spec, self.env_info, stop)
+        metrics: dict[str, float] = {}
+        checkpoint: Path | None = None
+        reason = "interrupted"
+        start = time.perf_counter()
+        started = False
+        try:
+            arch.start(state)
+            started = True
+            last_ckpt = last_time = time.perf_counter()
+            last_frames = state["counters"]["env_frames"] if state else 0
+            last_samples = state["counters"]["learner_samples"] if state else 0
+            while True:
+                metrics = arch.step()
+                now = time.perf_counter()
+                metrics["wall_time_s"] = previous + now - start
+                dt = max(now - last_time, 1e-9)
+                metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt
+                metrics["learner_samples_per_s"] = (metrics["learner_samples"] - last_samples) / dt
+                last_time, last_frames, last_samples = (
+                    now,
+                    metrics["env_frames"],
+                    metrics["learner_samples"],
+                )
+                reporter.log(metrics)
+                reason = stop_reason(metrics, stop)
+                if reason:
+                    break
+                interval = spec.run.checkpoint_interval_s
+                if interval and now - last_ckpt >= interval:
+                    checkpoint = self._checkpoint(arch, logdir, metrics)
+                    last_ckpt = now
+        finally:
+            try:
+                if started:
+                    checkpoint = self._checkpoint(arch, logdir, metrics)
+            except Exception as err:  # keep the original error; the last checkpoint stays
+                log.warning("final checkpoint failed: %s", err)
+            finally:
+                arch.stop()
+                reporter.close()
+                if started_ray:
+                    ray.shutdown()
+        curve = reporter.plot()
+        reporter.message(
+            f"stopped: {reason}\n"
+            f"logs:       {logdir}\n"
+            f"checkpoint: {checkpoint}\n"
+            f"curve:      {curve}"
+        )
+        return Result(
+            metrics, str(checkpoint) if checkpoint else None, str(logdir), reason, str(curve)
+        )
+
+    def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path]:
+        spec = self.spec
+        if self._resume_from is not None:
+            logdir = self._resume_from
+            ckpt = list_checkpoints(logdir / "checkpoints")[-1]
+            return load_checkpoint(ckpt), logdir
+        name = spec.run.name or (
+            f"{spec.env.id.replace('/', '-')}_{spec.arch.name}_{spec.algo.name}_"
+            f"{datetime.now():%Y%m%d-%H%M%S}"
+        )
+        logdir = Path(spec.run.logdir) / name
+        suffix = 1
+        while logdir.exists():
+            suffix += 1
+            logdir = Path(spec.run.logdir) / f"{name}-{suffix}"
+        (logdir / "checkpoints").mkdir(parents=True)
+        (logdir / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+        return None, logdir
+
+    def _checkpoint(self, arch: Architecture, logdir: Path, metrics: dict[str, float]) -> Path:
+        state = arch.get_state()
+        state["counters"]["wall_time_s"] = metrics.get("wall_time_s", 0.0)
+        return save_checkpoint(
+            logdir / "checkpoints",
+            state,
+            int(state["counters"]["env_frames"]),
+            self.spec.run.keep_checkpoints,
+        )
+
+
+def stop_reason(metrics: dict[str, float], stop: StopConfig) -> str:
+    """The first stop condition the metrics meet, or ''."""
+    if stop.env_frames is not None and metrics.get("env_frames", 0) >= stop.env_frames:
+        return f"env_frames {metrics['env_frames']:,.0f} >= {stop.env_frames:,}"
+    if stop.wall_time_s is not None and metrics.get("wall_time_s", 0) >= stop.wall_time_s:
+        return f"wall_time_s {metrics['wall_time_s']:.1f} >= {stop.wall_time_s}"
+    target = stop.episode_return_mean
+    reached = metrics.get("episode_return_mean", -float("inf")) >= (target or 0.0)
+    if target is not None and reached and metrics.get("episodes", 0) >= 100:  # a full window
+        return f"episode_return_mean {metrics['episode_return_mean']:.2f} >= {target}"
+    return ""

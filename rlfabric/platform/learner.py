@@ -1,0 +1,143 @@
+"""Learner: owns the Algorithm and the run's counters, stats and RNG.
+
+One Learner lives in whichever process trains (the SEED learner actor, the
+local architecture's only process). It counts env frames and agent steps from
+the steps it is told about, keeps the 100-episode return window, runs updates
+and produces checkpoint state. Frames and agent steps are counted separately:
+env_frames = agent_steps x frameskip (Atari's action repeat).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rlfabric.algorithms import ALGORITHMS, Algorithm
+from rlfabric.envs import EnvInfo
+from rlfabric.platform.stats import IntervalStats
+
+if TYPE_CHECKING:
+    from rlfabric.platform.spec import ExperimentSpec
+
+COUNTERS = ("env_frames", "agent_steps", "episodes", "updates", "learner_samples")
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the learner process uses, in types `torch.load(weights_only=True)` accepts."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class Learner:
+    """The Algorithm plus the bookkeeping every architecture needs around it."""
+
+    def __init__(
+        self, spec: ExperimentSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
+    ) -> None:
+        random.seed(spec.run.seed)
+        np.random.seed(spec.run.seed)
+        torch.manual_seed(spec.run.seed)
+        algo_cls = ALGORITHMS[spec.algo.name]
+        self.algorithm: Algorithm = algo_cls(
+            spec.algo, env_info.observation_space, env_info.action_space, spec.model, device
+        )
+        self.frameskip = env_info.frameskip
+        self.frame_budget = frame_budget
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.returns: deque[float] = deque(maxlen=100)
+        self.lengths: deque[int] = deque(maxlen=100)
+        self.stats = IntervalStats()
+        self._lock = threading.Lock()  # counters and windows are touched by several threads
+
+    @property
+    def policy_version(self) -> int:
+        """Number of updates so far: the version of the current parameters."""
+        return self.counters["updates"]
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Sample actions; extras get the policy version that acted (for policy lag)."""
+        version = self.policy_version
+        action, extras, _ = self.algorithm.act(obs)
+        extras["policy_version"] = np.full(len(obs), version, np.int64)
+        return action, extras
+
+    def record_steps(self, request: dict[str, Any]) -> None:
+        """Count the env steps and finished episodes a runner request reports.
+
+        The autoreset step (the observation is an episode's first, reached by
+        stepping an env that was done) is no emulator step: it is not counted.
+        """
+        steps = int(len(request["is_first"]) - np.count_nonzero(request["is_first"]))
+        returns, lengths = request["episode_returns"], request["episode_lengths"]
+        with self._lock:
+            self.counters["agent_steps"] += steps
+            self.counters["env_frames"] += steps * self.frameskip
+            self.counters["episodes"] += len(returns)
+            self.returns.extend(returns.tolist())
+            self.lengths.extend(lengths.tolist())
+        if steps:
+            self.stats.add("env_step_ms", 1000.0 * request["env_step_s"])
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        if self.frame_budget:
+            self.algorithm.set_progress(self.counters["env_frames"] / self.frame_budget)
+        start = time.perf_counter()
+        metrics = self.algorithm.update(batch)
+        elapsed = time.perf_counter() - start
+        samples = int(np.prod(batch["action"].shape[:2]))
+        lag = self.policy_version - float(batch["policy_version"].mean())
+        with self._lock:
+            self.counters["updates"] += 1
+            self.counters["learner_samples"] += samples
+        self.stats.add_many({**metrics, "learner_step_ms": 1000.0 * elapsed, "policy_lag": lag})
+        self.stats.add("learner_busy_s", elapsed)
+        return metrics
+
+    def metrics(self) -> dict[str, float]:
+        """Counters, the return window and this interval's means."""
+        means, sums = self.stats.collect()
+        means.pop("learner_busy_s", None)
+        with self._lock:
+            out: dict[str, float] = dict(self.counters)
+            if self.returns:
+                out["episode_return_mean"] = float(np.mean(self.returns))
+                out["episode_length_mean"] = float(np.mean(self.lengths))
+        out.update(means)
+        out["learner_busy_s"] = sums.get("learner_busy_s", 0.0)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "algorithm": self.algorithm.state_dict(),
+                "counters": dict(self.counters),
+                "returns": list(self.returns),
+                "lengths": list(self.lengths),
+                "rng": rng_state(),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        with self._lock:
+            self.counters.update(state["counters"])
+            self.returns.extend(state["returns"])
+            self.lengths.extend(state["lengths"])
+        set_rng_state(state["rng"])

@@ -1,0 +1,134 @@
+"""Where metrics go: metrics.jsonl, TensorBoard, a live display and curve.png.
+
+One record per report interval. The live display (rich on a terminal, plain
+lines otherwise, as under `ray job submit`) shows frames/s, return, losses and
+the throughput breakdown: env step time, inference batch and latency, learner
+step time, queue depth and policy lag.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+#: (metric, label, format) rows of the live display, in order.
+DISPLAY_ROWS = [
+    ("env_frames", "env frames", "{:,.0f}"),
+    ("agent_steps", "agent steps", "{:,.0f}"),
+    ("env_frames_per_s", "env frames/s", "{:,.0f}"),
+    ("episode_return_mean", "return (100 ep)", "{:.2f}"),
+    ("episodes", "episodes", "{:,.0f}"),
+    ("loss", "loss", "{:.4g}"),
+    ("pg_loss", "policy loss", "{:.4g}"),
+    ("baseline_loss", "value loss", "{:.4g}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("env_step_ms", "env step ms (group)", "{:.3f}"),
+    ("inference_batch_envs", "inference batch (envs)", "{:.1f}"),
+    ("inference_ms", "inference ms", "{:.3f}"),
+    ("learner_step_ms", "learner step ms", "{:.2f}"),
+    ("learner_samples_per_s", "learner samples/s", "{:,.0f}"),
+    ("unroll_queue", "unroll queue", "{:.0f}"),
+    ("policy_lag", "policy lag (updates)", "{:.2f}"),
+    ("wall_time_s", "wall time s", "{:.1f}"),
+]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Reporter:
+    """Writes every record to the logdir's sinks and the chosen display."""
+
+    def __init__(self, logdir: Path, display: str, title: str) -> None:
+        self.logdir = logdir
+        self.title = title
+        self.records = read_records(logdir / "metrics.jsonl")  # a resumed run appends
+        self._jsonl = open(logdir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
+        from torch.utils.tensorboard import SummaryWriter  # slow import, only when reporting
+
+        self._tb = SummaryWriter(str(logdir / "tensorboard"))
+        if display == "auto":
+            display = "rich" if sys.stdout.isatty() else "plain"
+        self.display = display
+        self._live: Live | None = None
+        if display == "rich":
+            self._live = Live(self._table({}), console=Console(), refresh_per_second=4)
+            self._live.start()
+
+    def log(self, record: dict[str, Any]) -> None:
+        record = {
+            k: v for k, v in record.items() if isinstance(v, (int, float)) and math.isfinite(v)
+        }
+        self.records.append(record)
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        step = int(record.get("env_frames", 0))
+        for key, value in record.items():
+            self._tb.add_scalar(key, value, step)
+        if self._live is not None:
+            self._live.update(self._table(record))
+        elif self.display == "plain":
+            print(self._line(record), flush=True)
+
+    def message(self, text: str) -> None:
+        if self._live is not None:
+            self._live.console.print(text)
+        elif self.display != "none":
+            print(text, flush=True)
+
+    def _table(self, record: dict[str, Any]) -> Table:
+        table = Table(title=self.title, show_header=False, min_width=48)
+        table.add_column(style="cyan")
+        table.add_column(justify="right")
+        for key, label, fmt in DISPLAY_ROWS:
+            if key in record:
+                table.add_row(label, fmt.format(record[key]))
+        return table
+
+    @staticmethod
+    def _line(record: dict[str, Any]) -> str:
+        parts = [
+            f"{label}={fmt.format(record[key])}"
+            for key, label, fmt in DISPLAY_ROWS[:6]
+            if key in record
+        ]
+        return " | ".join(parts)
+
+    def plot(self) -> Path:
+        """Draw return vs env frames to curve.png (matplotlib, no display needed)."""
+        from matplotlib.figure import Figure  # no pyplot: no global backend switch
+
+        points = [
+            (r["env_frames"], r["episode_return_mean"])
+            for r in self.records
+            if "episode_return_mean" in r and "env_frames" in r
+        ]
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        if points:
+            ax.plot(*zip(*points))
+        ax.set_xlabel("env frames")
+        ax.set_ylabel("mean return (last 100 episodes)")
+        ax.set_title(self.title)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = self.logdir / "curve.png"
+        fig.savefig(path, dpi=100)
+        return path
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        self._tb.close()
+        self._jsonl.close()

@@ -1,0 +1,252 @@
+"""ExperimentSpec: the one source of truth for the Python API, YAML files and CLI.
+
+Each section's model lives with the layer that consumes it (envs, models,
+algorithms, architectures); this module composes them, loads YAML with the
+safe loader, applies dotted overrides and turns pydantic's errors into one
+paragraph that names the field, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+)
+
+from rlfabric.algorithms import ALGORITHMS, AlgoConfig
+from rlfabric.architectures import ARCHITECTURES, ArchConfig
+from rlfabric.envs import EnvConfig
+from rlfabric.models import ModelConfig
+from rlfabric.platform.errors import SpecError
+
+#: Frame budget of a run whose spec names no stop condition (besides the env's
+#: registered reward threshold, which also applies then).
+DEFAULT_ENV_FRAMES = 5_000_000
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SparseConfig(_Section):
+    """Sparse training (RLx2). Only the dense setting is available so far."""
+
+    actor: float = Field(0.0, ge=0, lt=1, description="actor sparsity (fraction of zero weights)")
+    critic: float = Field(0.0, ge=0, lt=1, description="critic sparsity (fraction of zero weights)")
+
+    @field_validator("actor", "critic")
+    @classmethod
+    def _dense_only(cls, value: float) -> float:
+        if value:
+            raise ValueError(f"sparse training is not available yet (got {value}); allowed: 0.0")
+        return value
+
+
+class ResourcesConfig(_Section):
+    """Where and with how much the run executes."""
+
+    num_env_runners: int = Field(1, ge=1, description="env runner actors (processes)")
+    cpus_per_env_runner: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs Ray reserves per env runner; null: share what the learner leaves free",
+    )
+    learner_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for the learner")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of an embedded Ray; null: all of this machine's"
+    )
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto' or host:port); null: RAY_ADDRESS or "
+        "an embedded Ray on 127.0.0.1",
+    )
+    dashboard: bool = Field(False, description="start the Ray dashboard (on 127.0.0.1)")
+
+
+class StopConfig(_Section):
+    """Stop conditions; the run ends at the first one met."""
+
+    env_frames: int | None = Field(None, gt=0, description="emulator frames (steps x frameskip)")
+    wall_time_s: float | None = Field(None, gt=0, description="seconds since the run started")
+    episode_return_mean: float | None = Field(None, description="100-episode mean return to reach")
+
+
+class RunConfig(_Section):
+    """Bookkeeping: seed, stop, logging and checkpoints."""
+
+    name: str | None = Field(None, description="run name; null: <env>_<arch>_<algo>_<time>")
+    seed: int = Field(0, ge=0, description="seed of envs, model init and action sampling")
+    stop: StopConfig = Field(default_factory=StopConfig, description="stop conditions")
+    logdir: str = Field("runs", description="parent folder of the run's logdir")
+    report_interval_s: float = Field(1.0, gt=0, description="seconds per metrics record")
+    checkpoint_interval_s: float = Field(
+        60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
+    )
+    keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
+    display: Literal["auto", "rich", "plain", "none"] = Field(
+        "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
+    )
+
+
+def _registered(value: Any, registry: dict[str, Any], what: str) -> BaseModel:
+    """Validate a section against the config model its `name` registers."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(by_alias=True)
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a name or a mapping with a 'name' key, got {value!r}")
+    name = value.get("name")
+    if name not in registry:
+        raise ValueError(f"unknown {what} {name!r}; registered: {', '.join(sorted(registry))}")
+    return registry[name].config_cls.model_validate(value)
+
+
+class ExperimentSpec(_Section):
+    """Everything a run needs. Strings for env/arch/algo are shorthand for their name."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig, description="environment")
+    arch: SerializeAsAny[ArchConfig] = Field(
+        default_factory=lambda: ARCHITECTURES["seed"].config_cls(),
+        description="distributed architecture",
+    )
+    algo: SerializeAsAny[AlgoConfig] = Field(
+        default_factory=lambda: ALGORITHMS["vtrace"].config_cls(), description="algorithm"
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="network")
+    sparse: SparseConfig = Field(default_factory=SparseConfig, description="sparse training")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="resources")
+    run: RunConfig = Field(default_factory=RunConfig, description="run bookkeeping")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_shorthand(cls, value: Any) -> Any:
+        return {"id": value} if isinstance(value, str) else value
+
+    @field_validator("arch", mode="before")
+    @classmethod
+    def _arch(cls, value: Any) -> BaseModel:
+        return _registered(value, ARCHITECTURES, "architecture")
+
+    @field_validator("algo", mode="before")
+    @classmethod
+    def _algo(cls, value: Any) -> BaseModel:
+        return _registered(value, ALGORITHMS, "algorithm")
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def build(cls, data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentSpec:
+        """Validate a raw mapping after applying dotted overrides; raise SpecError."""
+        data = apply_overrides(data, overrides or [])
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise SpecError(format_validation_error(err, data)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise SpecError(f"spec file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise SpecError(f"spec file {str(path)!r} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise SpecError(
+                f"spec file {str(path)!r} must hold a mapping, got {type(data).__name__}"
+            )
+        return cls.build(data, overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def stop_conditions(self, reward_threshold: float | None) -> StopConfig:
+        """The stop conditions in force: the spec's, or the defaults if it names none."""
+        stop = self.run.stop
+        if any(v is not None for v in stop.model_dump().values()):
+            return stop
+        return StopConfig(env_frames=DEFAULT_ENV_FRAMES, episode_return_mean=reward_threshold)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`algo.lr=3e-4` -> (["algo", "lr"], 0.0003); values parse as YAML scalars."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise SpecError(f"override {text!r} is not of the form section.field=value")
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Patch a raw spec mapping with dotted `key=value` overrides (returns a copy)."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for depth, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if isinstance(child, str):  # shorthand `algo: vtrace` -> {name: vtrace}
+                child = {"id" if path[: depth + 1] == ["env"] else "name": child}
+            elif child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise SpecError(
+                    f"override {text!r}: {'.'.join(path[: depth + 1])} is not a section"
+                )
+            node[part] = child
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def format_validation_error(err: ValidationError, data: dict[str, Any]) -> str:
+    """One paragraph: each bad field with the value given and what is allowed."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            model = _model_at(e["loc"][:-1], data)
+            allowed = f"; allowed here: {', '.join(model.model_fields)}" if model else ""
+            lines.append(f"{loc}: unknown field{allowed}")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        given_txt = "" if isinstance(given, dict) else f" (given: {given!r})"
+        lines.append(f"{loc or 'spec'}: {msg}{given_txt}")
+    return "invalid spec: " + "; ".join(lines)
+
+
+def _model_at(loc: tuple[Any, ...], data: dict[str, Any]) -> type[BaseModel] | None:
+    """The config model at `loc` in the spec; algo and arch resolve through their name."""
+    model: Any = ExperimentSpec
+    node: Any = data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+        if model is ExperimentSpec and part in ("algo", "arch"):
+            registry: dict[str, Any] = ALGORITHMS if part == "algo" else ARCHITECTURES
+            name = node if isinstance(node, str) else (node or {}).get("name")
+            model = registry[name].config_cls if name in registry else None
+        else:
+            field = model.model_fields.get(part)
+            model = field.annotation if field else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return model

@@ -1,0 +1,124 @@
+"""Unrolls assembled from per-step requests, and learner batches from unrolls.
+
+Used where steps arrive one vector step at a time (SEED's learner-side
+assembly, the local architecture). Following scalable_agent and SEED RL, an
+unroll holds T+1 observations and consecutive unrolls of one env overlap by
+one step: the last observation of an unroll bootstraps it and is the first of
+the next one. Arrays are time-major: `[T+1, n, ...]` for `obs` and
+`is_first`, `[T, n, ...]` for everything that follows an action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Keys carried by a step request that describe the step just taken.
+STEP_OUTCOME = ("reward", "terminated", "truncated")
+
+
+@dataclass
+class _Block:
+    run_id: str
+    arrays: dict[str, np.ndarray]
+    t: int = 0  # actions recorded so far in this block
+
+
+def _empty_block(
+    run_id: str,
+    request: dict[str, Any],
+    action: np.ndarray,
+    extras: dict[str, np.ndarray],
+    length: int,
+) -> _Block:
+    def alloc(steps: int, like: np.ndarray) -> np.ndarray:
+        return np.empty((steps, *like.shape), dtype=like.dtype)
+
+    arrays = {
+        "obs": alloc(length + 1, request["obs"]),
+        "is_first": alloc(length + 1, request["is_first"]),
+        "action": alloc(length, action),
+        **{k: alloc(length, request[k]) for k in STEP_OUTCOME},
+        **{k: alloc(length, v) for k, v in extras.items()},
+    }
+    return _Block(run_id, arrays)
+
+
+@dataclass
+class UnrollAssembler:
+    """Per (runner, group) ring of T+1 steps; emits full unrolls.
+
+    A request holds the observation after the previous action together with
+    that action's reward and done flags. A new `run_id` for a key means the
+    runner restarted: its partial unroll is dropped and counted.
+    """
+
+    unroll_length: int
+    dropped_unrolls: int = 0
+    _blocks: dict[Any, _Block] = field(default_factory=dict)
+
+    def add(
+        self, key: Any, request: dict[str, Any], action: np.ndarray, extras: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray] | None:
+        """Record one vector step; return a finished unroll when one completes."""
+        block = self._blocks.get(key)
+        run_id = request["run_id"]
+        finished = None
+        if block is None or block.run_id != run_id:
+            if block is not None and block.t > 0:
+                self.dropped_unrolls += 1
+            block = self._blocks[key] = _empty_block(
+                run_id, request, action, extras, self.unroll_length
+            )
+            block.arrays["obs"][0] = request["obs"]
+            block.arrays["is_first"][0] = request["is_first"]
+        else:
+            t, a = block.t, block.arrays
+            for k in STEP_OUTCOME:
+                a[k][t - 1] = request[k]
+            a["obs"][t] = request["obs"]
+            a["is_first"][t] = request["is_first"]
+            if t == self.unroll_length:
+                finished = a
+                block = self._blocks[key] = _empty_block(
+                    run_id, request, action, extras, self.unroll_length
+                )
+                block.arrays["obs"][0] = a["obs"][t]
+                block.arrays["is_first"][0] = a["is_first"][t]
+        a, t = block.arrays, block.t
+        a["action"][t] = action
+        for k, v in extras.items():
+            a[k][t] = v
+        block.t = t + 1
+        return finished
+
+
+class BatchBuilder:
+    """Concatenate unrolls along the batch axis into batches of exactly B columns."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._columns = 0
+
+    def add(self, unroll: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        self._pending.append(unroll)
+        self._columns += next(iter(unroll.values())).shape[1]
+        batches = []
+        while self._columns >= self.batch_size:
+            merged = (
+                self._pending[0]
+                if len(self._pending) == 1
+                else {
+                    k: np.concatenate([u[k] for u in self._pending], axis=1)
+                    for k in self._pending[0]
+                }
+            )
+            batches.append({k: v[:, : self.batch_size] for k, v in merged.items()})
+            self._columns -= self.batch_size
+            self._pending = (
+                [{k: v[:, self.batch_size :] for k, v in merged.items()}] if self._columns else []
+            )
+        return batches

@@ -1,0 +1,22 @@
+"""Shared fixtures: one Ray session for every test that needs Ray."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """An embedded Ray on 127.0.0.1 shared by the whole session; Platform.fit reuses it."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    from rlfabric.platform.ray_setup import init_ray
+    from rlfabric.platform.spec import ResourcesConfig
+
+    started = init_ray(ResourcesConfig(num_cpus=2))
+    yield ray
+    if started:
+        ray.shutdown()

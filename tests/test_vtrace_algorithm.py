@@ -1,0 +1,141 @@
+"""The IMPALA loss wiring: masking of autoreset steps, termination vs truncation, reduction."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlfabric.algorithms.returns import vtrace
+from rlfabric.algorithms.vtrace import VTrace, VTraceConfig
+from rlfabric.models import ModelConfig
+
+T, B = 6, 4
+OBS = gym.spaces.Box(-1, 1, (3,), np.float32)
+ACT = gym.spaces.Discrete(3)
+
+
+def _algo(**cfg) -> VTrace:
+    torch.manual_seed(0)
+    return VTrace(VTraceConfig(**cfg), OBS, ACT, ModelConfig(hidden=[16]))
+
+
+def _batch(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    terminated = np.zeros((T, B), bool)
+    truncated = np.zeros((T, B), bool)
+    terminated[1, 0] = True  # env 0: episode ends at t=1, t=2 is the autoreset step
+    truncated[3, 1] = True  # env 1: time limit at t=3, t=4 is the autoreset step
+    is_first = np.zeros((T + 1, B), bool)
+    is_first[3, 0] = is_first[5, 1] = True  # obs after each autoreset step is a reset obs
+    return {
+        "obs": rng.normal(size=(T + 1, B, 3)).astype(np.float32),
+        "is_first": is_first,
+        "action": rng.integers(0, 3, size=(T, B)),
+        "reward": rng.normal(size=(T, B)).astype(np.float32),
+        "terminated": terminated,
+        "truncated": truncated,
+        "logp": np.log(rng.uniform(0.2, 0.5, size=(T, B))).astype(np.float32),
+        "policy_version": np.zeros((T, B), np.int64),
+    }
+
+
+def _grads(algo: VTrace, batch) -> tuple[float, list[torch.Tensor]]:
+    params_before = [p.detach().clone() for p in algo.model.parameters()]
+    algo.optimizer = torch.optim.SGD(algo.model.parameters(), lr=0.0)
+    metrics = algo.update(batch)
+    grads = [p.grad.clone() for p in algo.model.parameters()]
+    for p, before in zip(algo.model.parameters(), params_before):
+        assert torch.equal(p, before)
+    return metrics["loss"], grads
+
+
+def test_loss_matches_impala_formula():
+    algo = _algo(loss_reduction="sum")
+    batch = _batch()
+    with torch.no_grad():
+        params, values = algo.model(torch.as_tensor(batch["obs"]))
+        dist = algo.model.distribution(params[:-1])
+        logp = dist.log_prob(torch.as_tensor(batch["action"]))
+        entropy = dist.entropy()
+    valid = torch.as_tensor(~batch["is_first"][1:]).float()
+    discounts = 0.99 * (1 - torch.as_tensor(batch["terminated"]).float()) * valid
+    ret = vtrace(
+        logp - torch.as_tensor(batch["logp"]),
+        discounts,
+        torch.as_tensor(batch["reward"]),
+        values[:-1],
+        values[-1],
+        valid,
+    )
+    expected = (
+        -(logp * ret.pg_advantages * valid).sum()
+        + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
+        - 0.01 * (entropy * valid).sum()
+    )
+    loss, _ = _grads(algo, batch)
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    loss_mean, _ = _grads(_algo(loss_reduction="mean"), batch)
+    assert loss_mean == pytest.approx(expected.item() / valid.sum().item(), rel=1e-5)
+
+
+def test_autoreset_steps_do_not_affect_the_update():
+    batch = _batch()
+    loss, grads = _grads(_algo(), batch)
+    changed = {k: v.copy() for k, v in batch.items()}
+    for t, b in ((2, 0), (4, 1)):  # the autoreset steps
+        changed["action"][t, b] = (changed["action"][t, b] + 1) % 3
+        changed["reward"][t, b] += 100.0
+        changed["logp"][t, b] -= 5.0
+    loss2, grads2 = _grads(_algo(), changed)
+    assert loss2 == pytest.approx(loss, rel=1e-6)
+    for g1, g2 in zip(grads, grads2):
+        torch.testing.assert_close(g1, g2)
+
+
+def test_termination_cuts_bootstrap_but_truncation_does_not():
+    base_loss, _ = _grads(_algo(), _batch())
+    after_terminal = _batch()
+    after_terminal["obs"][2, 0] += 10.0  # env 0: observation after the terminal step
+    loss_term, _ = _grads(_algo(), after_terminal)
+    after_truncation = _batch()
+    after_truncation["obs"][4, 1] += 10.0  # env 1: final observation at the time limit
+    loss_trunc, _ = _grads(_algo(), after_truncation)
+    # obs[2, 0] is the (ignored) terminal observation: no value is bootstrapped from it,
+    # and its own step is masked, so nothing changes.
+    assert loss_term == pytest.approx(base_loss, rel=1e-6)
+    # obs[4, 1] is the final observation of a truncated episode: it bootstraps.
+    assert loss_trunc != pytest.approx(base_loss, rel=1e-3)
+
+
+def test_reward_clipping_only_when_asked():
+    batch = _batch()
+    big = {**batch, "reward": batch["reward"] * 100}
+    clipped_small, _ = _grads(
+        _algo(reward_clip=0.5), {**batch, "reward": np.sign(batch["reward"]) * 0.5}
+    )
+    clipped_big, _ = _grads(_algo(reward_clip=0.5), big)
+    unclipped_big, _ = _grads(_algo(), big)
+    assert clipped_big == pytest.approx(clipped_small, rel=1e-6)
+    assert unclipped_big != pytest.approx(clipped_big, rel=1e-3)
+
+
+def test_updates_reduce_value_error_on_a_fixed_batch():
+    algo = _algo(optimizer="adam", lr=1e-2, lr_schedule="constant", loss_reduction="mean")
+    batch = _batch()
+    first = algo.update(batch)["baseline_loss"]
+    for _ in range(200):
+        last = algo.update(batch)["baseline_loss"]
+    assert last < 0.5 * first
+
+
+def test_continuous_actions():
+    space = gym.spaces.Box(-2, 2, (2,), np.float32)
+    algo = VTrace(VTraceConfig(), OBS, space, ModelConfig(hidden=[16]))
+    action, extras, _ = algo.act(np.zeros((5, 3), np.float32))
+    assert action.shape == (5, 2) and extras["logp"].shape == (5,)
+    batch = _batch()
+    batch["action"] = np.random.default_rng(0).normal(size=(T, B, 2)).astype(np.float32)
+    metrics = algo.update(batch)
+    assert np.isfinite(metrics["loss"])
