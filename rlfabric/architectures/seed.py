@@ -7,8 +7,10 @@
 
 Env runners only step environments. Inference runs in the learner's process
 on the learner's own parameters, so there is no weight broadcast. Unrolls are
-assembled learner-side and queued with backpressure: when the trainer falls
-behind, the queue fills, inference waits, and so do the runners.
+assembled learner-side, cut into batches of B unrolls and queued with
+backpressure: when the trainer falls behind, the queue (SEED's holds one
+batch) fills, inference waits, and so do the runners. A short queue keeps the
+policy lag small; a long one only buys staleness.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class SeedConfig(ArchConfig):
         2.0, ge=0, description="longest wait for inference_min_batch envs after the first request"
     )
     queue_capacity: int = Field(
-        4, ge=1, description="unrolls queued for the trainer (backpressure)"
+        1, ge=1, description="batches queued for the trainer (backpressure)"
     )
     max_runner_restarts: int = Field(
         100, ge=0, description="env runner crashes tolerated before the run fails"
@@ -75,8 +77,8 @@ class SeedLearner:
         if state is not None:
             self.learner.load_state_dict(state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
-        self.batch_size = spec.algo.batch_size
-        self.unrolls: queue.Queue[dict[str, np.ndarray]] = queue.Queue(cfg.queue_capacity)
+        self.batch_builder = BatchBuilder(spec.algo.batch_size)
+        self.batches: queue.Queue[dict[str, np.ndarray]] = queue.Queue(cfg.queue_capacity)
         self.server = InferenceServer(
             self._infer_batch,
             min_batch=cfg.inference_min_batch,
@@ -108,30 +110,29 @@ class SeedLearner:
                 request["key"], request, action[rows], {k: v[rows] for k, v in extras.items()}
             )
             if unroll is not None:
-                self._enqueue(unroll)
+                for batch in self.batch_builder.add(unroll):
+                    self._enqueue(batch)
             actions.append(action[rows])
         return actions
 
-    def _enqueue(self, unroll: dict[str, np.ndarray]) -> None:
+    def _enqueue(self, batch: dict[str, np.ndarray]) -> None:
         while not self._stopping.is_set():
             try:
-                self.unrolls.put(unroll, timeout=0.1)
+                self.batches.put(batch, timeout=0.1)
                 return
             except queue.Full:
                 continue
 
     # -- trainer thread -----------------------------------------------------------
     def _train_loop(self) -> None:
-        batches = BatchBuilder(self.batch_size)
         try:
             while not self._stopping.is_set():
                 try:
-                    unroll = self.unrolls.get(timeout=0.1)
+                    batch = self.batches.get(timeout=0.1)
                 except queue.Empty:
                     continue
-                for batch in batches.add(unroll):
-                    with self._update_lock:
-                        self.learner.update(batch)
+                with self._update_lock:
+                    self.learner.update(batch)
         except BaseException as err:  # surfaced to the driver by metrics()
             self._error = err
 
@@ -140,7 +141,7 @@ class SeedLearner:
         if self._error is not None:
             raise self._error
         metrics = self.learner.metrics()
-        metrics["unroll_queue"] = self.unrolls.qsize()
+        metrics["batch_queue"] = self.batches.qsize()
         metrics["dropped_unrolls"] = self.assembler.dropped_unrolls
         return metrics
 

@@ -34,7 +34,7 @@ DISPLAY_ROWS = [
     ("inference_ms", "inference ms", "{:.3f}"),
     ("learner_step_ms", "learner step ms", "{:.2f}"),
     ("learner_samples_per_s", "learner samples/s", "{:,.0f}"),
-    ("unroll_queue", "unroll queue", "{:.0f}"),
+    ("batch_queue", "batch queue", "{:.0f}"),
     ("policy_lag", "policy lag (updates)", "{:.2f}"),
     ("wall_time_s", "wall time s", "{:.1f}"),
 ]

@@ -1,0 +1,100 @@
+"""The `rlfabric` command: help, spec show, clear errors without tracebacks, Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "specs" / "cartpole_seed_vtrace.yaml"
+
+
+def rlfabric(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlfabric.platform.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_train_help_lists_every_field_with_default_and_description():
+    out = rlfabric("train", "--help")
+    assert out.returncode == 0
+    assert "algo.lr (float, default 0.0006): learning rate" in out.stdout
+    for key in (
+        "run.stop.env_frames",
+        "env.atari.frameskip",
+        "arch.inference_timeout_ms",
+        "resources.num_env_runners",
+        "model.hidden",
+        "algo.lambda",
+    ):
+        assert key in out.stdout, key
+
+
+def test_spec_show_prints_the_resolved_spec():
+    out = rlfabric("spec", "show", str(SPEC), "algo.lr=0.01", "run.seed=3")
+    assert out.returncode == 0, out.stderr
+    assert "lr: 0.01" in out.stdout and "seed: 3" in out.stdout
+    assert "rho_bar: 1.0" in out.stdout  # defaults are filled in
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("spec", "show", str(SPEC), "algo.lr=fast"), "algo.lr"),
+        (("spec", "show", str(SPEC), "algo.name=dqn"), "registered: vtrace"),
+        (("spec", "show", "missing.yaml"), "does not exist"),
+        (("train", "--resume", "/nonexistent/run"), "not a run folder"),
+        (("train",), "needs a spec file or --resume"),
+    ],
+)
+def test_user_errors_exit_2_with_one_paragraph_and_no_traceback(args, expected):
+    out = rlfabric(*args)
+    assert out.returncode == 2
+    assert expected in out.stderr
+    assert "Traceback" not in out.stderr
+    log = out.stderr.split("(traceback: ")[1].rstrip(")\n")
+    assert "Traceback" in Path(log).read_text()
+
+
+def test_resume_from_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "spec.yaml").write_text("arch: local\nenv: CartPole-v1\n")
+    (run / "checkpoints" / "ckpt_0000000000100.pt").write_bytes(b"not a checkpoint")
+    out = rlfabric("train", "--resume", str(run))
+    assert out.returncode == 2
+    assert "cannot be read" in out.stderr and "ckpt_0000000000100.pt" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_ctrl_c_writes_a_final_checkpoint_and_exits(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "arch: local\nenv: {id: CartPole-v1, num_envs: 8}\n"
+        f"run: {{logdir: {tmp_path}, name: interrupted, display: plain}}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlfabric.platform.cli", "train", str(spec)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "interrupted" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert list((tmp_path / "interrupted" / "checkpoints").glob("ckpt_*.pt"))

@@ -1,0 +1,184 @@
+"""End to end: runs that learn, write every artifact, resume, and survive a runner crash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlfabric import Platform
+from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
+
+#: CartPole settings that learn within a small budget (see BENCHMARKS.md for the full runs).
+FAST_VTRACE = {
+    "name": "vtrace",
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "eps": 1e-5,
+    "loss_reduction": "mean",
+    "lr_schedule": "constant",
+    "batch_size": 8,
+}
+RANDOM_CARTPOLE_RETURN = 22.0  # mean return of the uniform random policy
+
+
+def _fit(tmp_path: Path, arch: str, frames: int, **sections):
+    sections.setdefault("algo", FAST_VTRACE)
+    sections.setdefault("env", {"id": "CartPole-v1", "num_envs": 64})
+    run = {"stop": {"env_frames": frames}, "display": "none", "logdir": str(tmp_path)}
+    run.update(sections.pop("run", {}))
+    return Platform(arch=arch, run=run, **sections).fit()
+
+
+def _assert_artifacts(result) -> list[dict]:
+    logdir = Path(result.logdir)
+    assert (logdir / "spec.yaml").is_file()
+    assert (logdir / "curve.png").stat().st_size > 1000
+    assert list((logdir / "tensorboard").glob("events.out.tfevents.*"))
+    assert Path(result.checkpoint).is_file()
+    assert Path(result.checkpoint).parent == logdir / "checkpoints"
+    records = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+    assert records
+    last = records[-1]
+    for key in (
+        "env_frames",
+        "agent_steps",
+        "wall_time_s",
+        "episode_return_mean",
+        "env_frames_per_s",
+        "loss",
+        "pg_loss",
+        "baseline_loss",
+        "entropy",
+    ):
+        assert key in last, key
+    frames = [r["env_frames"] for r in records]
+    assert frames == sorted(frames)
+    return records
+
+
+def test_local_learns_cartpole_and_writes_every_artifact(tmp_path):
+    result = _fit(tmp_path, "local", 150_000)
+    _assert_artifacts(result)
+    assert result.metrics["env_frames"] >= 150_000
+    assert result.metrics["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    assert result.stop_reason.startswith("env_frames")
+
+
+def test_local_is_deterministic_for_a_seed(tmp_path):
+    first = _fit(tmp_path / "a", "local", 20_000)
+    second = _fit(tmp_path / "b", "local", 20_000)
+    w1 = load_checkpoint(Path(first.checkpoint))["algorithm"]["model"]
+    w2 = load_checkpoint(Path(second.checkpoint))["algorithm"]["model"]
+    assert first.metrics["env_frames"] == second.metrics["env_frames"]
+    for key in w1:
+        assert torch.equal(w1[key], w2[key]), key
+
+
+def test_resume_continues_at_the_saved_frame_count(tmp_path):
+    first = _fit(tmp_path, "local", 30_000)
+    saved = load_checkpoint(Path(first.checkpoint))
+    saved_frames = saved["counters"]["env_frames"]
+    records_before = len((Path(first.logdir) / "metrics.jsonl").read_text().splitlines())
+    overrides = ["run.stop.env_frames=60000", "run.report_interval_s=0.05"]
+    resumed = Platform.resume(first.logdir, overrides)
+    assert resumed.spec.run.stop.env_frames == 60_000
+    result = resumed.fit()
+    assert result.logdir == first.logdir
+    lines = (Path(first.logdir) / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    after = records[records_before:]
+    assert after and after[0]["env_frames"] > saved_frames
+    assert after[0]["env_frames"] < saved_frames + 30_000
+    assert after[0]["wall_time_s"] > records[records_before - 1]["wall_time_s"]
+    assert result.metrics["env_frames"] >= 60_000
+    assert result.metrics["updates"] > saved["counters"]["updates"]
+    assert len(list_checkpoints(Path(first.logdir) / "checkpoints")) >= 2
+
+
+def test_resume_restores_weights_optimizer_and_rng(tmp_path):
+    from rlfabric.architectures.local import LocalArchitecture
+
+    first = _fit(tmp_path, "local", 10_000)
+    state = load_checkpoint(Path(first.checkpoint))
+    platform = Platform.resume(first.logdir)
+    arch = LocalArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start(state)
+    restored = arch.get_state()
+    for key, value in state["algorithm"]["model"].items():
+        assert torch.equal(restored["algorithm"]["model"][key], value)
+    assert restored["counters"] == state["counters"]
+    assert torch.equal(restored["rng"]["torch"], state["rng"]["torch"])
+    opt = restored["algorithm"]["optimizer"]["state"]
+    assert all(
+        torch.equal(opt[k]["exp_avg"], v["exp_avg"])
+        for k, v in state["algorithm"]["optimizer"]["state"].items()
+    )
+    arch.stop()
+
+
+def test_seed_learns_cartpole_and_writes_every_artifact(ray_session, tmp_path):
+    result = _fit(tmp_path, "seed", 150_000)
+    records = _assert_artifacts(result)
+    assert result.metrics["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    for key in (
+        "inference_batch_envs",
+        "inference_ms",
+        "env_step_ms",
+        "learner_step_ms",
+        "batch_queue",
+        "policy_lag",
+    ):
+        assert any(key in r for r in records), key
+    assert result.metrics["dropped_unrolls"] == 0
+
+
+def test_seed_replaces_a_crashed_env_runner(ray_session, tmp_path):
+    from rlfabric.architectures.seed import SeedArchitecture
+
+    platform = Platform(
+        arch="seed",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 16},
+        resources={"num_env_runners": 2},
+        run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
+    )
+    arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start()
+    try:
+        before = arch.step()
+        ray_session.kill(arch.runners[0], no_restart=True)
+        metrics = arch.step()
+        for _ in range(10):
+            if metrics["runner_restarts"] >= 1:
+                break
+            metrics = arch.step()
+        assert metrics["runner_restarts"] == 1
+        later = arch.step()
+        later = arch.step()
+        assert later["env_frames"] > metrics["env_frames"] > before["env_frames"]
+        assert later["updates"] > before["updates"]
+    finally:
+        arch.stop()
+
+
+@pytest.mark.parametrize(
+    ("env", "arch"),
+    [("ALE/Pong-v5", "seed"), ("InvertedPendulum-v5", "seed"), ("ALE/Pong-v5", "local")],
+)
+def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch):
+    """Atari (CNN, frameskip 4) and MuJoCo (Gaussian head) through a tiny budget."""
+    result = _fit(
+        tmp_path,
+        arch,
+        4_000 if env.startswith("ALE") else 2_000,
+        env={"id": env, "num_envs": 4},
+        algo={"name": "vtrace", "unroll_length": 5, "batch_size": 2},
+    )
+    m = result.metrics
+    assert m["updates"] >= 1 and np.isfinite(m["loss"])
+    frameskip = 4 if env.startswith("ALE") else 1
+    assert m["env_frames"] == frameskip * m["agent_steps"]
