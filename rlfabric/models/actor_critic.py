@@ -64,10 +64,15 @@ class ActorCritic(nn.Module):
         self.torso = build_torso(obs_space, cfg)
         self.policy = build_policy_head(self.torso.out_dim, action_space, cfg)
         self.value = init_layer(nn.Linear(self.torso.out_dim, 1), gain=1.0)
+        self.bf16 = cfg.precision == "bf16"
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         time, batch = obs.shape[:2]
-        features = self.torso(obs.reshape(time * batch, *obs.shape[2:]))
+        flat = obs.reshape(time * batch, *obs.shape[2:])
+        # Mixed precision stops at the torso: heads, losses and targets stay float32.
+        with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            features = self.torso(flat)
+        features = features.float()
         params = self.policy(features)
         value = self.value(features).squeeze(-1)
         return params.reshape(time, batch, -1), value.reshape(time, batch)

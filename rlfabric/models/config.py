@@ -23,6 +23,11 @@ class ModelConfig(BaseModel):
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
     cnn_features: int = Field(512, gt=0, description="width of the Nature CNN's last layer")
     lstm: int = Field(0, ge=0, description="LSTM core size; 0 means no recurrent core")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="'bf16' runs the torso under bfloat16 autocast (as SEED RL on TPUs): about "
+        "2x faster convolutions on CPUs with AVX512-BF16 or AMX, and on GPUs",
+    )
     log_std_init: float = Field(
         0.0, description="initial log standard deviation of the Gaussian head (continuous actions)"
     )

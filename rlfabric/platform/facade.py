@@ -110,7 +110,7 @@ class Platform:
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir = self._prepare_logdir()
-        previous = state["counters"].get("wall_time_s", 0.0) if state else 0.0
+        previous = state.get("wall_time_s", 0.0) if state else 0.0
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title)
         arch_cls = ARCHITECTURES[spec.arch.name]
@@ -190,7 +190,7 @@ class Platform:
 
     def _checkpoint(self, arch: Architecture, logdir: Path, metrics: dict[str, float]) -> Path:
         state = arch.get_state()
-        state["counters"]["wall_time_s"] = metrics.get("wall_time_s", 0.0)
+        state["wall_time_s"] = metrics.get("wall_time_s", 0.0)
         return save_checkpoint(
             logdir / "checkpoints",
             state,

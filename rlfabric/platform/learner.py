@@ -25,7 +25,15 @@ from rlfabric.platform.stats import IntervalStats
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
 
-COUNTERS = ("env_frames", "agent_steps", "episodes", "updates", "learner_samples")
+COUNTERS = (
+    "env_frames",  # emulator frames: agent_steps x frameskip
+    "agent_steps",  # decisions that stepped an env (autoreset steps excluded)
+    "episodes",
+    "updates",
+    "learner_samples",  # agent steps consumed by updates
+    "env_requests",  # group vector steps received: one remote call each under SEED
+    "env_vector_steps",  # env steps received, autoreset steps included
+)
 
 
 def rng_state() -> dict[str, Any]:
@@ -88,6 +96,8 @@ class Learner:
         steps = int(len(request["is_first"]) - np.count_nonzero(request["is_first"]))
         returns, lengths = request["episode_returns"], request["episode_lengths"]
         with self._lock:
+            self.counters["env_requests"] += 1
+            self.counters["env_vector_steps"] += len(request["is_first"])
             self.counters["agent_steps"] += steps
             self.counters["env_frames"] += steps * self.frameskip
             self.counters["episodes"] += len(returns)
@@ -137,7 +147,7 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
         with self._lock:
-            self.counters.update(state["counters"])
+            self.counters.update({k: v for k, v in state["counters"].items() if k in COUNTERS})
             self.returns.extend(state["returns"])
             self.lengths.extend(state["lengths"])
         set_rng_state(state["rng"])
