@@ -166,8 +166,9 @@ def main() -> None:
     print(header)
     for env_id, frameskip, raw, model, seed in rows:
         fps = seed["env_frames_per_s"]
+        share = 100 * fps / min(raw, model)
         print(
-            f"{env_id:<14}{raw:>12,.0f}{model:>12,.0f}{fps:>12,.0f}{100 * fps / min(raw, model):>13.0f}%"
+            f"{env_id:<14}{raw:>12,.0f}{model:>12,.0f}{fps:>12,.0f}{share:>13.0f}%"
             f"{fps / frameskip:>12,.0f}{'1/' + format(1 / seed['calls_per_env_step'], '.0f'):>12}"
             f"{seed['inference_batch_envs']:>11.1f}{seed['policy_lag']:>7.1f}"
         )
