@@ -105,7 +105,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = platform.fit()
     except KeyboardInterrupt:
-        print("interrupted: final checkpoint written, all actors stopped", file=sys.stderr)
+        print("interrupted: final checkpoint written, every actor stopped", file=sys.stderr)
         return 130
     return 0 if result.stop_reason != "interrupted" else 130
 

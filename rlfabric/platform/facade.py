@@ -158,13 +158,13 @@ class Platform:
                 reporter.close()
                 if started_ray:
                     ray.shutdown()
-        curve = reporter.plot()
-        reporter.message(
-            f"stopped: {reason}\n"
-            f"logs:       {logdir}\n"
-            f"checkpoint: {checkpoint}\n"
-            f"curve:      {curve}"
-        )
+                curve = reporter.plot()
+                reporter.message(
+                    f"stopped: {reason}\n"
+                    f"logs:       {logdir}\n"
+                    f"checkpoint: {checkpoint}\n"
+                    f"curve:      {curve}"
+                )
         return Result(
             metrics, str(checkpoint) if checkpoint else None, str(logdir), reason, str(curve)
         )
