@@ -78,7 +78,9 @@ class EnvConfig(BaseModel):
         "CartPole-v1", description="Registered gymnasium id, e.g. ALE/Pong-v5, HalfCheetah-v5."
     )
     num_envs: int = Field(
-        64, ge=2, description="Envs per env runner, stepped as two alternating groups."
+        64,
+        ge=2,
+        description="Envs per env runner, in groups that step alternately (arch.env_groups).",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -32,7 +32,10 @@ def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             lines += describe_fields(annotation, key)
             continue
-        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        if get_origin(annotation) is Literal:
+            type_name = "one of " + "|".join(str(a) for a in get_args(annotation))
+        else:
+            type_name = getattr(annotation, "__name__", None) or str(annotation)
         default = info.get_default(call_default_factory=True)
         lines.append(f"  {key} ({type_name}, default {default!r}): {info.description or ''}")
     return lines

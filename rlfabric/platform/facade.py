@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import yaml
 
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures import ARCHITECTURES, Architecture
@@ -173,8 +172,9 @@ class Platform:
         spec = self.spec
         if self._resume_from is not None:
             logdir = self._resume_from
-            ckpt = list_checkpoints(logdir / "checkpoints")[-1]
-            return load_checkpoint(ckpt), logdir
+            state = load_checkpoint(list_checkpoints(logdir / "checkpoints")[-1])
+            (logdir / "spec.yaml").write_text(spec.to_yaml())  # overrides given on resume
+            return state, logdir
         name = spec.run.name or (
             f"{spec.env.id.replace('/', '-')}_{spec.arch.name}_{spec.algo.name}_"
             f"{datetime.now():%Y%m%d-%H%M%S}"
@@ -185,7 +185,7 @@ class Platform:
             suffix += 1
             logdir = Path(spec.run.logdir) / f"{name}-{suffix}"
         (logdir / "checkpoints").mkdir(parents=True)
-        (logdir / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+        (logdir / "spec.yaml").write_text(spec.to_yaml())
         return None, logdir
 
     def _checkpoint(self, arch: Architecture, logdir: Path, metrics: dict[str, float]) -> Path:
