@@ -21,11 +21,13 @@ FAST_VTRACE = {
     "loss_reduction": "mean",
     "lr_schedule": "constant",
     "batch_size": 8,
+    "unroll_length": 10,
 }
+FAST_VTRACE_T = 10
 RANDOM_CARTPOLE_RETURN = 22.0  # mean return of the uniform random policy
 
 
-def _fit(tmp_path: Path, arch: str, frames: int, **sections):
+def _fit(tmp_path: Path, arch: str | dict, frames: int, **sections):
     sections.setdefault("algo", FAST_VTRACE)
     sections.setdefault("env", {"id": "CartPole-v1", "num_envs": 64})
     run = {"stop": {"env_frames": frames}, "display": "none", "logdir": str(tmp_path)}
@@ -150,7 +152,7 @@ def test_seed_replaces_a_crashed_env_runner(ray_session, tmp_path):
     arch.start()
     try:
         before = arch.step()
-        ray_session.kill(arch.runners[0], no_restart=True)
+        ray_session.kill(arch.runners.runners[0], no_restart=True)
         metrics = arch.step()
         for _ in range(10):
             if metrics["runner_restarts"] >= 1:
@@ -182,3 +184,33 @@ def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch):
     assert m["updates"] >= 1 and np.isfinite(m["loss"])
     frameskip = 4 if env.startswith("ALE") else 1
     assert m["env_frames"] == frameskip * m["agent_steps"]
+
+
+def test_impala_learns_reports_lag_and_refreshes_weights_at_its_cadence(ray_session, tmp_path):
+    result = _fit(tmp_path, {"name": "impala", "weights_every": 2}, 150_000)
+    _assert_artifacts(result)
+    m = result.metrics
+    assert m["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    assert m["policy_lag"] > 0  # runners act with weights older than the learner's
+    # one unroll = one group of 32 envs x 10 steps; a sync at start, then every 2 unrolls
+    unrolls = m["env_vector_steps"] / (32 * FAST_VTRACE_T)
+    assert 0.4 * unrolls / 2 <= m["weight_syncs"] <= unrolls / 2 + 1
+
+
+def test_impala_weights_travel_once_per_version(ray_session, tmp_path):
+    from rlfabric.architectures.impala import ImpalaLearner
+
+    platform = Platform(
+        arch="impala", algo=FAST_VTRACE, env="CartPole-v1", run={"logdir": str(tmp_path)}
+    )
+    learner = ray_session.remote(ImpalaLearner).remote(platform.spec, platform.env_info, None, None)
+    try:
+        first = ray_session.get(learner.weights.remote())
+        again = ray_session.get(learner.weights.remote())
+        assert first[0] == again[0] == 0
+        assert first[1] == again[1]  # the same object: one copy for every runner
+        weights = ray_session.get(first[1])
+        assert set(weights) >= {"value.weight", "value.bias"}
+    finally:
+        ray_session.get(learner.stop.remote())
+        ray_session.kill(learner)

@@ -1,9 +1,13 @@
 """Algorithms: pure torch losses and update rules, registered by name."""
 
+from rlfabric.algorithms.a3c import A3C
 from rlfabric.algorithms.base import AlgoConfig, Algorithm, TrajectoryConfig
+from rlfabric.algorithms.ppo import PPO
 from rlfabric.algorithms.vtrace import VTrace
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
+    "a3c": A3C,
+    "ppo": PPO,
     "vtrace": VTrace,
 }
 

@@ -11,28 +11,31 @@ Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
 observation `obs[T]` only bootstraps. gamma_t = gamma * (1 - terminated_t), so
 a truncated episode bootstraps from V(obs[t+1]), the final observation, which
 NEXT_STEP autoreset keeps in the unroll. The step after a done only resets
-the env; `is_first[t+1]` marks it and it is masked out of every loss term.
+the env; `is_first[t+1]` marks it and it is masked out of every loss term
+(the shared plumbing is in `trajectory.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import gymnasium as gym
 import numpy as np
-import torch
 from pydantic import Field
 
-from rlfabric.algorithms.base import Algorithm, TrajectoryConfig, to_tensors
+from rlfabric.algorithms.base import to_tensors
 from rlfabric.algorithms.returns import vtrace
-from rlfabric.models import ActorCritic, ModelConfig
+from rlfabric.algorithms.trajectory import (
+    ActorCriticAlgorithm,
+    ActorCriticConfig,
+    evaluate,
+    unroll_steps,
+)
 
 
-class VTraceConfig(TrajectoryConfig):
+class VTraceConfig(ActorCriticConfig):
     name: Literal["vtrace"] = Field("vtrace", description="registered algorithm name")
     optimizer: Literal["rmsprop", "adam"] = Field("rmsprop", description="optimizer")
     eps: float = Field(0.01, gt=0, description="optimizer epsilon (RMSProp 0.01 per IMPALA)")
-    rmsprop_decay: float = Field(0.99, gt=0, lt=1, description="RMSProp decay (alpha)")
     grad_clip: float | None = Field(40.0, gt=0, description="global grad-norm clip; null: none")
     baseline_cost: float = Field(0.5, ge=0, description="weight of the value loss")
     entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
@@ -48,58 +51,20 @@ class VTraceConfig(TrajectoryConfig):
         description="'sum' over T*B as scalable_agent (lr 6e-4 assumes it) or 'mean' as SEED RL",
     )
 
-    model_config = TrajectoryConfig.model_config | {"populate_by_name": True}
+    model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
 
 
-class VTrace(Algorithm):
+class VTrace(ActorCriticAlgorithm):
     """Actor-critic whose targets and advantages are V-trace corrected."""
 
     config_cls = VTraceConfig
-    data = "trajectory"
-    action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
-
-    def __init__(
-        self,
-        cfg: VTraceConfig,
-        obs_space: gym.Space,
-        action_space: gym.Space,
-        model_cfg: ModelConfig,
-        device: str = "cpu",
-    ) -> None:
-        super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        self.cfg: VTraceConfig = cfg
-        self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
-        if cfg.optimizer == "rmsprop":
-            self.optimizer = torch.optim.RMSprop(
-                self.model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_decay, eps=cfg.eps
-            )
-        else:
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.eps)
-
-    @torch.no_grad()
-    def act(
-        self, obs: np.ndarray, state: Any = None, deterministic: bool = False
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
-        params, _ = self.model(torch.as_tensor(obs, device=self.device)[None])
-        params = params[0]
-        dist = self.model.distribution(params)
-        action = self.model.mode(params) if deterministic else dist.sample()
-        logp = dist.log_prob(action)
-        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, state
+    cfg: VTraceConfig
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)
-        params, values = self.model(b["obs"])
-        dist = self.model.distribution(params[:-1])
-        logp = dist.log_prob(b["action"])
-        entropy = dist.entropy()
-
-        valid = (~b["is_first"][1:]).float()
-        rewards = b["reward"].float()
-        if cfg.reward_clip is not None:
-            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
-        discounts = cfg.gamma * (1.0 - b["terminated"].float()) * valid
+        logp, entropy, values = evaluate(self.model, b["obs"], b["action"])
+        valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         log_rhos = logp.detach() - b["logp"]
         targets = vtrace(
             log_rhos=log_rhos,
@@ -123,12 +88,7 @@ class VTrace(Algorithm):
         if cfg.loss_reduction == "mean":
             loss = loss / n_valid
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip else float("inf")
-        )
-        self.optimizer.step()
+        grad_norm = self.gradient_step(loss)
         return {
             "loss": loss.item(),
             "pg_loss": pg_loss.item() / n_valid.item(),

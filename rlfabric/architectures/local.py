@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from rlfabric.architectures.base import ArchConfig, Architecture
-from rlfabric.platform.env_runner import EnvRunner, Request
+from rlfabric.platform.env_runner import EnvRunner, Request, tally
 from rlfabric.platform.learner import Learner
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
 
@@ -51,7 +51,7 @@ class LocalArchitecture(Architecture):
 
     def _step_group(self, group: int, request: Request) -> Request:
         learner = self.learner
-        learner.record_steps(request)
+        learner.record_steps(tally(request))
         start = time.perf_counter()
         action, extras = learner.act(request["obs"])
         learner.stats.add_many(

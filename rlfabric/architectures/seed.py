@@ -19,7 +19,6 @@ import logging
 import queue
 import sys
 import threading
-import time
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,10 +27,9 @@ import ray
 import torch
 from pydantic import Field
 
-from rlfabric.architectures.base import ArchConfig, Architecture
+from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.env_runner import EnvRunner, Request
-from rlfabric.platform.errors import RLFabricError
+from rlfabric.platform.env_runner import Request, tally
 from rlfabric.platform.inference import InferenceServer
 from rlfabric.platform.learner import Learner
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
@@ -42,21 +40,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class SeedConfig(ArchConfig):
+class SeedConfig(RunnerArchConfig):
     name: Literal["seed"] = Field("seed", description="registered architecture name")
-    env_groups: int = Field(2, ge=1, description="env groups per runner that step alternately")
     inference_min_batch: int = Field(
         1, ge=1, description="envs to wait for (up to the timeout) before a forward pass"
     )
     inference_max_batch: int = Field(1024, ge=1, description="most envs in one forward pass")
     inference_timeout_ms: float = Field(
         2.0, ge=0, description="longest wait for inference_min_batch envs after the first request"
-    )
-    queue_capacity: int = Field(
-        1, ge=1, description="batches queued for the trainer (backpressure)"
-    )
-    max_runner_restarts: int = Field(
-        100, ge=0, description="env runner crashes tolerated before the run fails"
     )
 
 
@@ -107,7 +98,7 @@ class SeedLearner:
         action, extras = self.learner.act(obs[0] if len(obs) == 1 else np.concatenate(obs))
         actions, start = [], 0
         for request in requests:
-            self.learner.record_steps(request)
+            self.learner.record_steps(tally(request))
             rows = slice(start, start + len(request["obs"]))
             start = rows.stop
             unroll = self.assembler.add(
@@ -159,108 +150,22 @@ class SeedLearner:
         self._trainer.join(timeout=10.0)
 
 
-class SeedEnvRunner(EnvRunner):
-    """An EnvRunner whose loop sends each group step to the learner and waits for actions."""
+class SeedEnvRunner(RayEnvRunner):
+    """Only steps envs: each group step goes to the learner, which answers with actions."""
 
-    def __init__(self, *args: Any, torch_threads: int = 1, **kwargs: Any) -> None:
-        torch.set_num_threads(torch_threads)
-        super().__init__(*args, **kwargs)
-
-    def run(self, server: Any) -> None:
-        """Step until the server answers None; while one group steps, the other infers."""
-        pending = [server.infer.remote(self.reset(g)) for g in range(self.num_groups)]
+    def run(self, learner: Any) -> None:
+        """Step until the learner answers None; while one group steps, the other infers."""
+        pending = [learner.infer.remote(self.reset(g)) for g in range(self.num_groups)]
         while True:
             for group in range(self.num_groups):
                 action = ray.get(pending[group])
                 if action is None:
                     self.close()
                     return
-                pending[group] = server.infer.remote(self.step(group, action))
+                pending[group] = learner.infer.remote(self.step(group, action))
 
 
-def runner_cpus(spec: ExperimentSpec) -> float:
-    """CPUs per env runner: the spec's, or an equal share of what the learner leaves."""
-    res = spec.resources
-    if res.cpus_per_env_runner is not None:
-        return res.cpus_per_env_runner
-    total = ray.cluster_resources().get("CPU", 1.0)
-    return round(max(0.05, min(1.0, (total - res.learner_cpus) / res.num_env_runners)), 3)
-
-
-class SeedArchitecture(Architecture):
+class SeedArchitecture(LearnerAndRunners):
     config_cls = SeedConfig
-
-    def start(self, state: dict[str, Any] | None = None) -> None:
-        spec = self.spec
-        cfg: SeedConfig = spec.arch  # type: ignore[assignment]
-        res = spec.resources
-        concurrency = res.num_env_runners * cfg.env_groups + 4
-        self.learner = (
-            ray.remote(SeedLearner)
-            .options(num_cpus=res.learner_cpus, max_concurrency=concurrency)
-            .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
-        )
-        self._runner_cls = ray.remote(SeedEnvRunner).options(num_cpus=runner_cpus(spec))
-        self.restarts = 0
-        self.runners: dict[int, Any] = {}
-        self.loops: dict[int, ray.ObjectRef] = {}
-        self._seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
-        for index in range(res.num_env_runners):
-            self._launch(index)
-
-    def _launch(self, index: int) -> None:
-        spec = self.spec
-        seed = self._seed + 7919 * self.restarts  # a restarted runner sees new episodes
-        runner = self._runner_cls.remote(
-            spec.env,
-            index,
-            seed,
-            num_groups=spec.arch.env_groups,
-            torch_threads=spec.resources.torch_threads,
-        )
-        self.runners[index] = runner
-        self.loops[index] = runner.run.remote(self.learner)
-
-    def _check_runners(self) -> None:
-        """Replace env runners whose loop ended with an error (a crash or an env exception)."""
-        done, _ = ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=0)
-        for index, ref in list(self.loops.items()):
-            if ref not in done:
-                continue
-            try:
-                ray.get(ref)
-                reason = "its loop returned"
-            except Exception as err:  # RayActorError, RayTaskError from the env
-                reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-            self.restarts += 1
-            if self.restarts > self.spec.arch.max_runner_restarts:
-                raise RLFabricError(
-                    f"env runner {index} failed ({reason}) and {self.restarts - 1} runners were "
-                    f"restarted already; arch.max_runner_restarts="
-                    f"{self.spec.arch.max_runner_restarts}"
-                )
-            log.warning("env runner %d stopped (%s); starting a new one", index, reason)
-            ray.kill(self.runners[index], no_restart=True)
-            self._launch(index)
-
-    def step(self) -> dict[str, float]:
-        time.sleep(self.spec.run.report_interval_s)
-        self._check_runners()
-        metrics = ray.get(self.learner.metrics.remote())
-        metrics["runner_restarts"] = self.restarts
-        return metrics
-
-    def get_state(self) -> dict[str, Any]:
-        return ray.get(self.learner.get_state.remote())
-
-    def stop(self) -> None:
-        if not hasattr(self, "learner"):
-            return
-        try:
-            ray.get(self.learner.stop.remote(), timeout=30)
-            ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=10)
-        except Exception as err:  # already dead: nothing left to stop gracefully
-            log.debug("learner stop: %s", err)
-        for actor in [*self.runners.values(), self.learner]:
-            ray.kill(actor, no_restart=True)
-        del self.learner
+    learner_cls = SeedLearner
+    runner_cls = SeedEnvRunner

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,48 @@ import numpy as np
 from rlfabric.envs import EnvConfig, EpisodeTracker, make_vector_env
 
 Request = dict[str, Any]
+
+
+@dataclass
+class StepTally:
+    """Step and episode counts of a run of requests, for the learner's counters.
+
+    Where inference is central (SEED), the learner tallies each request itself;
+    where runners act locally (IMPALA), they ship one tally with each unroll.
+    """
+
+    requests: int = 0
+    stepped_requests: int = 0  # requests that followed an env step (not a reset)
+    vector_steps: int = 0  # env steps, autoreset steps included
+    agent_steps: int = 0  # env steps that were real decisions
+    env_step_s: float = 0.0
+    inference_s: float = 0.0  # runner-side inference (IMPALA); SEED times it on the server
+    weight_syncs: int = 0  # new weight versions a runner loaded
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+
+    def add(self, request: Request) -> None:
+        first = request["is_first"]
+        self.requests += 1
+        self.stepped_requests += request["env_step_s"] > 0
+        self.vector_steps += len(first)
+        self.agent_steps += int(len(first) - np.count_nonzero(first))
+        self.env_step_s += request["env_step_s"]
+        self.episode_returns += request["episode_returns"].tolist()
+        self.episode_lengths += request["episode_lengths"].tolist()
+
+    def take(self) -> dict[str, Any]:
+        """The counts so far, as a plain dict; start counting afresh."""
+        out = dict(self.__dict__)
+        self.__init__()  # type: ignore[misc]
+        return out
+
+
+def tally(request: Request) -> dict[str, Any]:
+    """The StepTally of a single request."""
+    one = StepTally()
+    one.add(request)
+    return one.take()
 
 
 def group_sizes(num_envs: int, num_groups: int) -> list[int]:

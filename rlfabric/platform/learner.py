@@ -33,6 +33,7 @@ COUNTERS = (
     "learner_samples",  # agent steps consumed by updates
     "env_requests",  # group vector steps received: one remote call each under SEED
     "env_vector_steps",  # env steps received, autoreset steps included
+    "weight_syncs",  # weight versions loaded by env runners (IMPALA)
 )
 
 
@@ -87,24 +88,31 @@ class Learner:
         extras["policy_version"] = np.full(len(obs), version, np.int64)
         return action, extras
 
-    def record_steps(self, request: dict[str, Any]) -> None:
-        """Count the env steps and finished episodes a runner request reports.
+    def record_steps(self, tally: dict[str, Any]) -> None:
+        """Count env steps and finished episodes from a runner's `StepTally.take()`.
 
         The autoreset step (the observation is an episode's first, reached by
         stepping an env that was done) is no emulator step: it is not counted.
         """
-        steps = int(len(request["is_first"]) - np.count_nonzero(request["is_first"]))
-        returns, lengths = request["episode_returns"], request["episode_lengths"]
+        steps = tally["agent_steps"]
         with self._lock:
-            self.counters["env_requests"] += 1
-            self.counters["env_vector_steps"] += len(request["is_first"])
+            self.counters["env_requests"] += tally["requests"]
+            self.counters["env_vector_steps"] += tally["vector_steps"]
             self.counters["agent_steps"] += steps
             self.counters["env_frames"] += steps * self.frameskip
-            self.counters["episodes"] += len(returns)
-            self.returns.extend(returns.tolist())
-            self.lengths.extend(lengths.tolist())
-        if steps:
-            self.stats.add("env_step_ms", 1000.0 * request["env_step_s"])
+            self.counters["episodes"] += len(tally["episode_returns"])
+            self.returns.extend(tally["episode_returns"])
+            self.lengths.extend(tally["episode_lengths"])
+            self.counters["weight_syncs"] += tally["weight_syncs"]
+        if tally["stepped_requests"]:
+            self.stats.add("env_step_ms", 1000.0 * tally["env_step_s"] / tally["stepped_requests"])
+        if tally["inference_s"]:
+            self.stats.add_many(
+                {
+                    "inference_ms": 1000.0 * tally["inference_s"] / tally["requests"],
+                    "inference_batch_envs": tally["vector_steps"] / tally["requests"],
+                }
+            )
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         if self.frame_budget:

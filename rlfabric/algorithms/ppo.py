@@ -1,0 +1,189 @@
+"""Clipped PPO with GAE.
+
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv
+1707.06347, eq. 7 and 9), with the implementation details of CleanRL
+`ppo.py` (Huang et al. 2022, "The 37 Implementation Details of PPO"), whose
+classic-control defaults these are: unroll 128 x 4 envs, 4 epochs of 4
+minibatches, GAE lambda 0.95, advantages normalised per minibatch, clip 0.2 on
+the ratio and on the value change, value cost 0.5, entropy cost 0.01, global
+grad-norm clip 0.5, Adam lr 2.5e-4 (eps 1e-5) annealed linearly to 0.
+
+For each batch of B unrolls, and then `epochs` times: shuffle the B columns,
+split them into `num_minibatches` groups (as CleanRL `ppo_atari_lstm.py`
+splits envs, so that a recurrent core will see whole unrolls), and take one
+gradient step per group on
+
+    L = -min(r A, clip(r, 1 - e, 1 + e) A) + c_v L_V - c_H H,   r = pi(a|x) / mu(a|x)
+
+averaged over the valid steps of the minibatch.
+
+Two choices for asynchronous architectures (SEED, IMPALA, GA3C), where the
+batch may come from a policy that lags the learner:
+
+- The ratio is taken against mu, the behaviour policy that acted: the batch's
+  `logp`, exactly as CleanRL does on-policy. A lagging batch therefore starts
+  with ratios away from 1, and the clip bounds how far the update moves from
+  the policy that produced the data.
+- GAE and the clipped value loss use V recomputed by the current network once
+  at the start of the update, not acting-time values as CleanRL: under SEED
+  the acting-time value of the bootstrap observation belongs to whichever
+  policy was live then, so acting-time values are not one consistent function.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from rlfabric.algorithms.base import to_tensors
+from rlfabric.algorithms.returns import gae
+from rlfabric.algorithms.trajectory import (
+    ActorCriticAlgorithm,
+    ActorCriticConfig,
+    evaluate,
+    unroll_steps,
+)
+
+
+class PPOConfig(ActorCriticConfig):
+    """Defaults are CleanRL `ppo.py` (classic control) unless a description says otherwise."""
+
+    name: Literal["ppo"] = Field("ppo", description="registered algorithm name")
+    unroll_length: int = Field(128, ge=1, description="agent steps per unroll (num_steps)")
+    batch_size: int = Field(4, ge=1, description="unrolls per learner batch (num_envs)")
+    lr: float = Field(2.5e-4, gt=0, description="learning rate")
+    grad_clip: float | None = Field(0.5, gt=0, description="global grad-norm clip; null: none")
+    epochs: int = Field(4, ge=1, description="passes over each batch (update_epochs)")
+    num_minibatches: int = Field(
+        4, ge=1, description="minibatches per epoch, each a random group of whole unrolls"
+    )
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    clip_coef: float = Field(0.2, gt=0, description="ratio clip e (and value clip)")
+    clip_value_loss: bool = Field(True, description="clip the value change to +-clip_coef")
+    normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
+    value_cost: float = Field(0.5, ge=0, description="weight of the value loss (vf_coef)")
+    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> PPOConfig:
+        if self.num_minibatches > self.batch_size:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} must be <= batch_size="
+                f"{self.batch_size}: minibatches are groups of whole unrolls"
+            )
+        return self
+
+
+def minibatch_columns(columns: int, num_minibatches: int) -> list[Tensor]:
+    """A random split of `range(columns)` into near-equal groups: each column once."""
+    return list(torch.randperm(columns).tensor_split(num_minibatches))
+
+
+def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean over valid steps; `torch.where` so that inf/nan at masked steps cannot leak."""
+    return torch.where(valid > 0, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1.0)
+
+
+def normalize(advantages: Tensor, valid: Tensor) -> Tensor:
+    """(A - mean) / (std + 1e-8) over the valid steps (CleanRL `norm_adv`, unbiased std)."""
+    mean = masked_mean(advantages, valid)
+    n = valid.sum()
+    var = masked_mean((advantages - mean) ** 2, valid) * n / (n - 1).clamp(min=1.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
+def clipped_policy_loss(
+    log_ratio: Tensor, advantages: Tensor, clip_coef: float, valid: Tensor
+) -> Tensor:
+    """-min(r A, clip(r, 1 - e, 1 + e) A) averaged over valid steps (PPO eq. 7).
+
+    Where r > 1 + e with A > 0, or r < 1 - e with A < 0, the clipped term wins
+    and the step gives no gradient.
+    """
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    return masked_mean(torch.max(unclipped, clipped), valid)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float | None, valid: Tensor
+) -> Tensor:
+    """1/2 (V - R)^2, or with a clip the max of it and 1/2 (V_old + clip(V - V_old) - R)^2.
+
+    The clipped form is CleanRL's `clip_vloss` (from openai/baselines ppo2);
+    `clip_coef=None` gives the plain squared error.
+    """
+    loss = (values - returns) ** 2
+    if clip_coef is not None:
+        clipped = old_values + (values - old_values).clamp(-clip_coef, clip_coef)
+        loss = torch.max(loss, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, valid)
+
+
+class PPO(ActorCriticAlgorithm):
+    """Clipped surrogate objective over several epochs of minibatches per batch."""
+
+    config_cls = PPOConfig
+    cfg: PPOConfig
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        cfg = self.cfg
+        b = to_tensors(batch, self.device)
+        valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
+        with torch.no_grad():
+            _, values = self.model(b["obs"])
+        advantages = gae(rewards, discounts, values[:-1], values[-1], cfg.gae_lambda, valid)
+        targets = {
+            "valid": valid,
+            "old_values": values[:-1],
+            "advantages": advantages,
+            "returns": advantages + values[:-1],
+        }
+
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        for _ in range(cfg.epochs):
+            for cols in minibatch_columns(b["action"].shape[1], cfg.num_minibatches):
+                minibatch = {k: v[:, cols] for k, v in (b | targets).items()}
+                for key, value in self._minibatch_step(minibatch).items():
+                    totals[key] += value
+                steps += 1
+        return {key: total / steps for key, total in totals.items()}
+
+    def _minibatch_step(self, mb: dict[str, Tensor]) -> dict[str, float]:
+        """One gradient step on a group of whole unrolls with their precomputed targets."""
+        cfg = self.cfg
+        valid = mb["valid"]
+        logp, entropy, values = evaluate(self.model, mb["obs"], mb["action"])
+        advantages = mb["advantages"]
+        if cfg.normalize_advantages:
+            advantages = normalize(advantages, valid)
+        # Zeroed at masked steps, whose behaviour logp may be anything.
+        log_ratio = torch.where(valid > 0, logp - mb["logp"], 0.0)
+        pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.clip_coef, valid)
+        value_clip = cfg.clip_coef if cfg.clip_value_loss else None
+        baseline_loss = value_loss(values[:-1], mb["old_values"], mb["returns"], value_clip, valid)
+        mean_entropy = masked_mean(entropy, valid)
+        loss = pg_loss + cfg.value_cost * baseline_loss - cfg.entropy_cost * mean_entropy
+        grad_norm = self.gradient_step(loss)
+
+        with torch.no_grad():
+            ratio = log_ratio.exp()
+            # KL(mu || pi) by the low-variance estimator (r - 1) - log r, as CleanRL.
+            approx_kl = masked_mean((ratio - 1.0) - log_ratio, valid)
+            clip_fraction = masked_mean(((ratio - 1.0).abs() > cfg.clip_coef).float(), valid)
+        return {
+            "loss": loss.item(),
+            "pg_loss": pg_loss.item(),
+            "baseline_loss": baseline_loss.item(),
+            "entropy": mean_entropy.item(),
+            "grad_norm": grad_norm.item(),
+            "approx_kl": approx_kl.item(),
+            "clip_fraction": clip_fraction.item(),
+        }

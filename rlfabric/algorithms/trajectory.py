@@ -1,0 +1,145 @@
+"""What the on-policy actor-critics (V-trace, A3C, PPO) share.
+
+All three learn from time-major unrolls (ARCHITECTURE.md, "Batch") with the
+same `ActorCritic` network, so the plumbing around their losses lives here:
+the optimizer built from config fields, the policy step, the forward pass over
+an unroll, the per-step `valid` mask, clipped rewards and discounts, and the
+clipped gradient step. Each algorithm file keeps only its own targets and loss.
+
+Time alignment (deepmind/scalable_agent): `obs[t]` is what `action[t]` was
+taken in; `reward[t]`, `terminated[t]` and `truncated[t]` are what followed it;
+`obs[T]` only bootstraps. Step t is gymnasium's NEXT_STEP autoreset step (the
+action only reset the env) exactly when `is_first[t+1]`; it is masked out of
+every loss term. gamma_t = gamma * (1 - terminated_t) * valid_t, so a
+truncated episode bootstraps from V(obs[t+1]), its final observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from rlfabric.algorithms.base import Algorithm, TrajectoryConfig
+from rlfabric.models import ActorCritic, ModelConfig
+
+
+class ActorCriticConfig(TrajectoryConfig):
+    """Optimizer and reward fields every trajectory actor-critic has.
+
+    The defaults here are CleanRL's `ppo.py` (Adam, eps 1e-5); each algorithm
+    redeclares the fields its reference sets differently, with the source.
+    """
+
+    optimizer: Literal["rmsprop", "adam"] = Field("adam", description="optimizer")
+    eps: float = Field(1e-5, gt=0, description="optimizer epsilon")
+    rmsprop_decay: float = Field(0.99, gt=0, lt=1, description="RMSProp decay (alpha)")
+    rmsprop_momentum: float = Field(0.0, ge=0, lt=1, description="RMSProp momentum")
+    grad_clip: float | None = Field(None, gt=0, description="global grad-norm clip; null: none")
+    reward_clip: float | None = Field(
+        None, gt=0, description="clip rewards to [-x, x] (Atari: 1); null: no clipping"
+    )
+
+
+class UnrollSteps(NamedTuple):
+    """Per-step terms of a batch, all float `[T, B]`."""
+
+    valid: Tensor
+    """1 where the step is a real decision, 0 at autoreset steps."""
+    rewards: Tensor
+    """Rewards, clipped if the config asks."""
+    discounts: Tensor
+    """gamma * (1 - terminated) * valid: cut at terminations and autoreset steps only."""
+
+
+class UnrollEval(NamedTuple):
+    """The current network's view of an unroll."""
+
+    logp: Tensor
+    """`[T, B]` log pi(action_t | obs_t), with gradient."""
+    entropy: Tensor
+    """`[T, B]` H(pi(. | obs_t)), with gradient."""
+    values: Tensor
+    """`[T+1, B]` V(obs_t), with gradient; `values[T]` bootstraps."""
+
+
+def unroll_steps(
+    batch: dict[str, Tensor], gamma: float, reward_clip: float | None = None
+) -> UnrollSteps:
+    """`valid`, (clipped) rewards and discounts of a batch (module docstring)."""
+    valid = (~batch["is_first"][1:]).float()
+    rewards = batch["reward"].float()
+    if reward_clip is not None:
+        rewards = rewards.clamp(-reward_clip, reward_clip)
+    discounts = gamma * (1.0 - batch["terminated"].float()) * valid
+    return UnrollSteps(valid, rewards, discounts)
+
+
+def evaluate(model: ActorCritic, obs: Tensor, action: Tensor) -> UnrollEval:
+    """One time-major forward pass over `obs [T+1, B, ...]` scoring `action [T, B, ...]`."""
+    params, values = model(obs)
+    dist = model.distribution(params[:-1])
+    return UnrollEval(dist.log_prob(action), dist.entropy(), values)
+
+
+class ActorCriticAlgorithm(Algorithm):
+    """An `ActorCritic` network, its optimizer and the sampling policy step.
+
+    Subclasses implement `update`; they act in Discrete (categorical head) and
+    1-D Box (diagonal Gaussian head) action spaces.
+    """
+
+    config_cls: ClassVar[type[ActorCriticConfig]]
+    data = "trajectory"
+    action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
+
+    def __init__(
+        self,
+        cfg: ActorCriticConfig,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_cfg: ModelConfig,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(cfg, obs_space, action_space, model_cfg, device)
+        self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
+        params = self.model.parameters()
+        if cfg.optimizer == "rmsprop":
+            # torch adds eps outside the square root, TF1 (scalable_agent, GA3C) inside it
+            # and starts the mean square at 1; the references' eps values are kept as given.
+            self.optimizer = torch.optim.RMSprop(
+                params,
+                lr=cfg.lr,
+                alpha=cfg.rmsprop_decay,
+                eps=cfg.eps,
+                momentum=cfg.rmsprop_momentum,
+            )
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps)
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, state: Any = None, deterministic: bool = False
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+        """Sample (or take the mode); `logp` is the behaviour log-prob the learner needs."""
+        params, _ = self.model(torch.as_tensor(obs, device=self.device)[None])
+        params = params[0]
+        dist = self.model.distribution(params)
+        action = self.model.mode(params) if deterministic else dist.sample()
+        logp = dist.log_prob(action)
+        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, state
+
+    def gradient_step(self, loss: Tensor) -> Tensor:
+        """Backward, global grad-norm clip if configured, step; returns the pre-clip norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.cfg.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip else float("inf")
+        )
+        self.optimizer.step()
+        return grad_norm

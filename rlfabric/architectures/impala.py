@@ -1,0 +1,180 @@
+"""`impala`: IMPALA's actor-learner (Espeholt et al. 2018, arXiv 1802.01561).
+
+    EnvRunner x N (CPU copy of the policy) --whole unrolls + behaviour logp--> Learner
+        ^                                                                    |
+        '---------- weights: one object per version, fetched every k unrolls '
+
+Env runners act with their own copy of the policy and ship whole unrolls
+(T+1 observations, actions, rewards, dones, behaviour log-probs and the policy
+version that acted) to the learner. The learner cuts them into batches of B
+unrolls and trains; a bounded queue pushes back on runners when it falls
+behind. The learner puts its weights into Ray's object store once per
+version that a runner asks for, so N runners share one copy. V-trace corrects
+for the policy lag, which the learner measures and reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import ray
+import torch
+from pydantic import Field
+
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
+from rlfabric.envs import EnvInfo
+from rlfabric.platform.env_runner import StepTally
+from rlfabric.platform.learner import Learner
+from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+
+if TYPE_CHECKING:
+    from rlfabric.platform.spec import ExperimentSpec
+
+log = logging.getLogger(__name__)
+
+
+class ImpalaConfig(RunnerArchConfig):
+    name: Literal["impala"] = Field("impala", description="registered architecture name")
+    weights_every: int = Field(
+        1, ge=1, description="runners fetch new weights every this many unrolls they ship"
+    )
+
+
+class ImpalaLearner:
+    """The learner process: Learner + batch queue + trainer thread + weight publication."""
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        env_info: EnvInfo,
+        frame_budget: int | None,
+        state: dict[str, Any] | None,
+    ) -> None:
+        torch.set_num_threads(spec.resources.torch_threads)
+        # Unrolls arrive as read-only arrays from Ray's object store; we only read them.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        self.learner = Learner(spec, env_info, frame_budget)
+        if state is not None:
+            self.learner.load_state_dict(state)
+        self.batch_builder = BatchBuilder(spec.algo.batch_size)
+        self.batches: queue.Queue[dict[str, np.ndarray]] = queue.Queue(spec.arch.queue_capacity)
+        self._builder_lock = threading.Lock()
+        self._weights_lock = threading.Lock()
+        self._published: tuple[int, ray.ObjectRef] | None = None
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._trainer = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
+        self._trainer.start()
+
+    # -- called by env runners ---------------------------------------------------
+    def submit(self, unroll: dict[str, np.ndarray], tally: dict[str, Any]) -> bool:
+        """Take one unroll; block while the batch queue is full. False once stopping."""
+        self.learner.record_steps(tally)
+        with self._builder_lock:
+            batches = self.batch_builder.add(unroll)
+        for batch in batches:
+            while not self._stopping.is_set():
+                try:
+                    self.batches.put(batch, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+        return not self._stopping.is_set()
+
+    def weights(self) -> list[Any]:
+        """[version, ref to the weights]: one object store copy per version asked for.
+
+        Wrapped in a list so that Ray hands the runner the reference, not the
+        weights, and the runner fetches them only if the version is new.
+        """
+        with self._weights_lock:
+            version = self.learner.policy_version
+            if self._published is None or self._published[0] != version:
+                self._published = (version, ray.put(self.learner.algorithm.get_weights()))
+            return list(self._published)
+
+    # -- trainer thread -------------------------------------------------------------
+    def _train_loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    batch = self.batches.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                self.learner.update(batch)
+        except BaseException as err:  # surfaced to the driver by metrics()
+            self._error = err
+
+    # -- called by the driver -------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        if self._error is not None:
+            raise self._error
+        metrics = self.learner.metrics()
+        metrics["batch_queue"] = self.batches.qsize()
+        return metrics
+
+    def get_state(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._trainer.join(timeout=10.0)
+
+
+class ImpalaEnvRunner(RayEnvRunner):
+    """Acts with a local CPU copy of the policy and ships whole unrolls."""
+
+    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, index: int, seed: int) -> None:
+        super().__init__(spec, env_info, index, seed)
+        self.algorithm = ALGORITHMS[spec.algo.name](
+            spec.algo, env_info.observation_space, env_info.action_space, spec.model, "cpu"
+        )
+        self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.tally = StepTally()
+        self.version = -1
+
+    def _sync_weights(self, learner: Any) -> None:
+        version, ref = ray.get(learner.weights.remote())
+        if version != self.version:
+            self.algorithm.set_weights(ray.get(ref))
+            self.version = version
+            self.tally.weight_syncs += 1
+
+    def run(self, learner: Any) -> None:
+        """Act, step and ship unrolls until the learner says stop."""
+        self._sync_weights(learner)
+        every = self.spec.arch.weights_every
+        shipped = 0
+        in_flight: ray.ObjectRef | None = None
+        pending = [self.reset(g) for g in range(self.num_groups)]
+        while True:
+            for group in range(self.num_groups):
+                request = pending[group]
+                self.tally.add(request)
+                start = time.perf_counter()
+                action, extras, _ = self.algorithm.act(request["obs"])
+                extras["policy_version"] = np.full(len(action), self.version, np.int64)
+                self.tally.inference_s += time.perf_counter() - start
+                unroll = self.assembler.add(request["key"], request, action, extras)
+                if unroll is not None:
+                    if in_flight is not None and not ray.get(in_flight):  # one in flight
+                        self.close()
+                        return
+                    in_flight = learner.submit.remote(unroll, self.tally.take())
+                    shipped += 1
+                    if shipped % every == 0:
+                        self._sync_weights(learner)
+                pending[group] = self.step(group, action)
+
+
+class ImpalaArchitecture(LearnerAndRunners):
+    config_cls = ImpalaConfig
+    learner_cls = ImpalaLearner
+    runner_cls = ImpalaEnvRunner

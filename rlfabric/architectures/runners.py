@@ -1,0 +1,167 @@
+"""Env runner actors shared by the Ray topologies: sizing, launch, crash recovery.
+
+An env runner that dies (its process killed, or its env raising) is replaced
+by a new actor with a new run id; the learner drops its partial unroll, and
+training goes on. Too many crashes end the run with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import ray
+import torch
+from pydantic import Field
+
+from rlfabric.architectures.base import ArchConfig, Architecture
+from rlfabric.envs import EnvInfo
+from rlfabric.platform.env_runner import EnvRunner
+from rlfabric.platform.errors import RLFabricError
+
+if TYPE_CHECKING:
+    from rlfabric.platform.spec import ExperimentSpec
+
+log = logging.getLogger(__name__)
+
+
+class RunnerArchConfig(ArchConfig):
+    """Fields of every topology with env runner actors."""
+
+    env_groups: int = Field(2, ge=1, description="env groups per runner that step alternately")
+    queue_capacity: int = Field(
+        1, ge=1, description="batches queued for the trainer (backpressure)"
+    )
+    max_runner_restarts: int = Field(
+        100, ge=0, description="env runner crashes tolerated before the run fails"
+    )
+
+
+class RayEnvRunner(EnvRunner):
+    """An EnvRunner built from the spec, as a Ray actor builds it."""
+
+    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, index: int, seed: int) -> None:
+        torch.set_num_threads(spec.resources.torch_threads)
+        super().__init__(spec.env, index, seed, num_groups=spec.arch.env_groups)
+        self.spec = spec
+        self.env_info = env_info
+
+    def run(self, learner: Any) -> None:
+        """Step envs until the learner says stop."""
+        raise NotImplementedError
+
+
+def runner_cpus(spec: ExperimentSpec) -> float:
+    """CPUs per env runner: the spec's, or an equal share of what the learner leaves."""
+    res = spec.resources
+    if res.cpus_per_env_runner is not None:
+        return res.cpus_per_env_runner
+    total = ray.cluster_resources().get("CPU", 1.0)
+    return round(max(0.05, min(1.0, (total - res.learner_cpus) / res.num_env_runners)), 3)
+
+
+class RunnerPool:
+    """`num_env_runners` actors of one runner class, each running `run(learner)`."""
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        env_info: EnvInfo,
+        runner_cls: type[RayEnvRunner],
+        learner: Any,
+        seed: int,
+    ) -> None:
+        self.spec = spec
+        self.env_info = env_info
+        self.learner = learner
+        self.seed = seed
+        self.restarts = 0
+        self._cls = ray.remote(runner_cls).options(num_cpus=runner_cpus(spec))
+        self.runners: dict[int, Any] = {}
+        self.loops: dict[int, ray.ObjectRef] = {}
+        for index in range(spec.resources.num_env_runners):
+            self._launch(index)
+
+    def _launch(self, index: int) -> None:
+        seed = self.seed + 7919 * self.restarts  # a restarted runner sees new episodes
+        runner = self._cls.remote(self.spec, self.env_info, index, seed)
+        self.runners[index] = runner
+        self.loops[index] = runner.run.remote(self.learner)
+
+    def check(self) -> None:
+        """Replace runners whose loop ended with an error (a crash or an env exception)."""
+        done, _ = ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=0)
+        for index, ref in list(self.loops.items()):
+            if ref not in done:
+                continue
+            try:
+                ray.get(ref)
+                reason = "its loop returned"
+            except Exception as err:  # RayActorError, or RayTaskError from the env
+                reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            self.restarts += 1
+            limit = self.spec.arch.max_runner_restarts
+            if self.restarts > limit:
+                raise RLFabricError(
+                    f"env runner {index} failed ({reason}) after {self.restarts - 1} runner "
+                    f"restarts; arch.max_runner_restarts={limit}"
+                )
+            log.warning("env runner %d stopped (%s); starting a new one", index, reason)
+            ray.kill(self.runners[index], no_restart=True)
+            self._launch(index)
+
+    def stop(self) -> None:
+        """Wait briefly for the loops (the learner has told them to stop), then kill."""
+        ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=10)
+        for actor in self.runners.values():
+            ray.kill(actor, no_restart=True)
+
+
+class LearnerAndRunners(Architecture):
+    """A learner actor and a pool of env runner actors: what SEED and IMPALA share.
+
+    Subclasses name the two actor classes. The learner actor must offer
+    `metrics()`, `get_state()` and `stop()`; once stopped it tells the runners
+    to end their loops, which `run(learner)` must then do.
+    """
+
+    learner_cls: ClassVar[type]
+    runner_cls: ClassVar[type[RayEnvRunner]]
+
+    def start(self, state: dict[str, Any] | None = None) -> None:
+        spec = self.spec
+        res = spec.resources
+        self.learner = (
+            ray.remote(self.learner_cls)
+            .options(
+                num_cpus=res.learner_cpus,
+                # one thread per runner group call plus the driver's calls
+                max_concurrency=res.num_env_runners * spec.arch.env_groups + 4,
+            )
+            .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
+        )
+        seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
+        self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+
+    def step(self) -> dict[str, float]:
+        time.sleep(self.spec.run.report_interval_s)
+        self.runners.check()
+        metrics = ray.get(self.learner.metrics.remote())
+        metrics["runner_restarts"] = self.runners.restarts
+        return metrics
+
+    def get_state(self) -> dict[str, Any]:
+        return ray.get(self.learner.get_state.remote())
+
+    def stop(self) -> None:
+        if not hasattr(self, "learner"):
+            return
+        try:
+            ray.get(self.learner.stop.remote(), timeout=30)
+        except Exception as err:  # already dead: nothing left to stop gracefully
+            log.debug("learner stop: %s", err)
+        if hasattr(self, "runners"):
+            self.runners.stop()
+        ray.kill(self.learner, no_restart=True)
+        del self.learner
