@@ -120,6 +120,9 @@ class ImpalaLearner:
         metrics["batch_queue"] = self.batches.qsize()
         return metrics
 
+    def configure(self, setting: dict[str, int]) -> None:
+        """Nothing learner-side to tune: the adjuster only changes the runner count."""
+
     def get_state(self) -> dict[str, Any]:
         return self.learner.state_dict()
 

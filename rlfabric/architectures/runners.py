@@ -17,6 +17,7 @@ from pydantic import Field
 
 from rlfabric.architectures.base import ArchConfig, Architecture
 from rlfabric.envs import EnvInfo
+from rlfabric.platform.autotune import DynamicAdjuster
 from rlfabric.platform.env_runner import EnvRunner
 from rlfabric.platform.errors import RLFabricError
 
@@ -35,6 +36,15 @@ class RunnerArchConfig(ArchConfig):
     )
     max_runner_restarts: int = Field(
         100, ge=0, description="env runner crashes tolerated before the run fails"
+    )
+    autotune: bool = Field(
+        False,
+        description="GA3C's dynamic adjuster: random-walk the worker counts (and batch sizes) "
+        "every autotune_interval_s, keeping a change only if learner throughput did not fall",
+    )
+    autotune_interval_s: float = Field(20.0, gt=0, description="seconds per adjuster window")
+    max_env_runners: int = Field(
+        4, ge=1, description="most env runners the adjuster may run (with autotune)"
     )
 
 
@@ -58,7 +68,13 @@ def runner_cpus(spec: ExperimentSpec) -> float:
     if res.cpus_per_env_runner is not None:
         return res.cpus_per_env_runner
     total = ray.cluster_resources().get("CPU", 1.0)
-    return round(max(0.05, min(1.0, (total - res.learner_cpus) / res.num_env_runners)), 3)
+    return round(max(0.05, min(1.0, (total - res.learner_cpus) / max_runners(spec))), 3)
+
+
+def max_runners(spec: ExperimentSpec) -> int:
+    """The most env runners this run may have at once (the adjuster may add some)."""
+    tuned = spec.arch.max_env_runners if spec.arch.autotune else 0
+    return max(spec.resources.num_env_runners, tuned)
 
 
 class RunnerPool:
@@ -111,6 +127,18 @@ class RunnerPool:
             ray.kill(self.runners[index], no_restart=True)
             self._launch(index)
 
+    @property
+    def size(self) -> int:
+        return len(self.runners)
+
+    def resize(self, size: int) -> None:
+        """Start runners up to `size`, or retire the newest ones beyond it."""
+        for index in range(self.size, size):
+            self._launch(index)
+        for index in range(self.size - 1, size - 1, -1):
+            ray.kill(self.runners.pop(index), no_restart=True)
+            del self.loops[index]
+
     def stop(self) -> None:
         """Wait briefly for the loops (the learner has told them to stop), then kill."""
         ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=10)
@@ -129,6 +157,36 @@ class LearnerAndRunners(Architecture):
     learner_cls: ClassVar[type]
     runner_cls: ClassVar[type[RayEnvRunner]]
 
+    def knobs(self) -> dict[str, list[int]]:
+        """What the dynamic adjuster may change: name -> allowed values, in order."""
+        return {"env_runners": list(range(1, self.spec.arch.max_env_runners + 1))}
+
+    def _start_autotune(self) -> None:
+        self.adjuster: DynamicAdjuster | None = None
+        if not self.spec.arch.autotune:
+            return
+        knobs = self.knobs()
+        start = {name: self.setting()[name] for name in knobs}
+        self.adjuster = DynamicAdjuster(knobs, start, seed=self.spec.run.seed)
+        self._window = (time.perf_counter(), 0)
+
+    def setting(self) -> dict[str, int]:
+        """The current values of the knobs (the learner-side ones from the spec)."""
+        return {"env_runners": self.runners.size}
+
+    def _autotune(self, metrics: dict[str, float]) -> None:
+        """At the end of each window, let the adjuster judge it and apply its next setting."""
+        assert self.adjuster is not None
+        started, samples = self._window
+        now = time.perf_counter()
+        if now - started >= self.spec.arch.autotune_interval_s:
+            throughput = (metrics["learner_samples"] - samples) / (now - started)
+            setting = self.adjuster.step(throughput)
+            self.runners.resize(setting["env_runners"])
+            ray.get(self.learner.configure.remote(setting))
+            self._window = (now, metrics["learner_samples"])
+        metrics.update({f"autotune_{k}": v for k, v in self.adjuster.setting.items()})
+
     def start(self, state: dict[str, Any] | None = None) -> None:
         spec = self.spec
         res = spec.resources
@@ -137,18 +195,21 @@ class LearnerAndRunners(Architecture):
             .options(
                 num_cpus=res.learner_cpus,
                 # one thread per runner group call plus the driver's calls
-                max_concurrency=res.num_env_runners * spec.arch.env_groups + 4,
+                max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
             )
             .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
         )
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+        self._start_autotune()
 
     def step(self) -> dict[str, float]:
         time.sleep(self.spec.run.report_interval_s)
         self.runners.check()
         metrics = ray.get(self.learner.metrics.remote())
         metrics["runner_restarts"] = self.runners.restarts
+        if self.adjuster is not None:
+            self._autotune(metrics)
         return metrics
 
     def get_state(self) -> dict[str, Any]:

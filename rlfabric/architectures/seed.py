@@ -140,6 +140,10 @@ class SeedLearner:
         metrics["dropped_unrolls"] = self.assembler.dropped_unrolls
         return metrics
 
+    def configure(self, setting: dict[str, int]) -> None:
+        """Apply the dynamic adjuster's inference batch size."""
+        self.server.max_batch = setting.get("inference_max_batch", self.server.max_batch)
+
     def get_state(self) -> dict[str, Any]:
         with self._update_lock:
             return self.learner.state_dict()
@@ -169,3 +173,10 @@ class SeedArchitecture(LearnerAndRunners):
     config_cls = SeedConfig
     learner_cls = SeedLearner
     runner_cls = SeedEnvRunner
+
+    def knobs(self) -> dict[str, list[int]]:
+        sizes = sorted({2**k for k in range(4, 13)} | {self.spec.arch.inference_max_batch})
+        return {**super().knobs(), "inference_max_batch": sizes}
+
+    def setting(self) -> dict[str, int]:
+        return {**super().setting(), "inference_max_batch": self.spec.arch.inference_max_batch}

@@ -1,12 +1,13 @@
 """InferenceServer: dynamic batching of policy requests from many callers.
 
-Callers block in `infer()`; one batcher thread waits for the first request,
+Callers block in `infer()`; a batcher thread waits for the first request,
 then keeps collecting until `min_batch` envs are in or `timeout_s` has passed
 since the first, then drains whatever else is already waiting up to
 `max_batch` envs, and runs one forward pass for all of them. A fixed batch
 size (SEED RL's `inference_batch_size`) stalls when fewer envs are live; the
 timeout is IMPALA's dynamic batcher's answer (min 1, max 1024, 100 ms) and
-TorchRL's InferenceServer's (max 64, 10 ms).
+TorchRL's InferenceServer's (max 64, 10 ms). Several batcher threads may
+serve one queue: GA3C's predictor threads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlfabric.platform.stats import IntervalStats
+from rlfabric.platform.workers import ThreadPool
 
 Request = dict[str, Any]
 #: Runs one forward pass for a list of requests; returns one action array each.
@@ -46,23 +48,25 @@ class InferenceServer:
         max_batch: int,
         timeout_s: float,
         stats: IntervalStats,
+        num_threads: int = 1,
     ) -> None:
         self.batch_fn = batch_fn
         self.min_batch = min_batch
         self.max_batch = max_batch
         self.timeout_s = timeout_s
         self.stats = stats
+        self.num_threads = num_threads
         self._requests: queue.Queue[_Pending] = queue.Queue()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="inference-batcher", daemon=True)
+        self.batchers = ThreadPool(self._serve_one_batch, "inference-batcher")
 
     def start(self) -> None:
-        self._thread.start()
+        self.batchers.resize(self.num_threads)
 
     def stop(self) -> None:
-        """Answer every waiting and later caller with None and end the batcher."""
+        """Answer every waiting and later caller with None and end the batchers."""
         self._stopping.set()
-        self._thread.join(timeout=5.0)
+        self.batchers.stop()
         while True:
             try:
                 pending = self._requests.get_nowait()
@@ -77,7 +81,7 @@ class InferenceServer:
         pending = _Pending(request)
         self._requests.put(pending)
         while not pending.done.wait(0.5):
-            if self._stopping.is_set() and not self._thread.is_alive():
+            if self._stopping.is_set() and not self.batchers.size:
                 return None
         if isinstance(pending.result, BaseException):
             raise pending.result
@@ -100,11 +104,9 @@ class InferenceServer:
             envs += len(item.request["obs"])
         return batch
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            batch = self._collect()
-            if not batch:
-                continue
+    def _serve_one_batch(self) -> None:
+        batch = self._collect()
+        if batch:
             start = time.perf_counter()
             try:
                 results: list[Any] = self.batch_fn([p.request for p in batch])
