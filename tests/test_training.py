@@ -214,3 +214,23 @@ def test_impala_weights_travel_once_per_version(ray_session, tmp_path):
     finally:
         ray_session.get(learner.stop.remote())
         ray_session.kill(learner)
+
+
+def test_ga3c_learns_and_its_adjuster_acts(ray_session, tmp_path):
+    result = _fit(
+        tmp_path,
+        {"name": "ga3c", "autotune_interval_s": 2.0, "max_env_runners": 2},
+        150_000,
+        algo={**FAST_VTRACE, "batch_size": 32},
+        run={"report_interval_s": 0.5},
+    )
+    records = _assert_artifacts(result)
+    m = result.metrics
+    assert m["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    assert {"autotune_env_runners", "autotune_predictors", "autotune_trainers"} <= set(m)
+    assert any(
+        r["predictors"] != 2 or r["trainers"] != 2 or r["autotune_env_runners"] != 1
+        for r in records
+    )  # the walk changed something at least once
+    log = (Path(result.logdir) / "run.log").read_text()
+    assert "dynamic adjuster" in log

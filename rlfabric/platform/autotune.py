@@ -40,7 +40,7 @@ class DynamicAdjuster:
             self.baseline = throughput
         else:
             tried = self.setting
-            self.index = self._before
+            self.index = dict(self._before)
             self._decide(f"reverted {tried} ({throughput:.1f} < {self.baseline:.1f})")
         self._before = dict(self.index)
         for name, i in self.index.items():

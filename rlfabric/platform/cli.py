@@ -123,7 +123,10 @@ def _spec_show(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers: dict[str, Any] = {"train": _train, "spec": _spec_show}
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = logging.StreamHandler()
+    console.setLevel(logging.WARNING)  # INFO goes to the run's run.log only
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[console])
     try:
         return handlers[args.command](args)
     except RLFabricError as err:

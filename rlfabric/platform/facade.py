@@ -112,6 +112,7 @@ class Platform:
         previous = state.get("wall_time_s", 0.0) if state else 0.0
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title)
+        run_log = _RunLog(logdir / "run.log")
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = init_ray(spec.resources) if arch_cls.uses_ray else False
         arch: Architecture = arch_cls(spec, self.env_info, stop)
@@ -155,6 +156,7 @@ class Platform:
             finally:
                 arch.stop()
                 reporter.close()
+                run_log.close()
                 if started_ray:
                     ray.shutdown()
                 curve = reporter.plot()
@@ -197,6 +199,25 @@ class Platform:
             int(state["counters"]["env_frames"]),
             self.spec.run.keep_checkpoints,
         )
+
+
+class _RunLog:
+    """rlfabric's log records (INFO and up) of one run, in the run's `run.log`."""
+
+    def __init__(self, path: Path) -> None:
+        self.handler = logging.FileHandler(path)
+        self.handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        self.logger = logging.getLogger("rlfabric")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.handler)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+        self.handler.close()
 
 
 def stop_reason(metrics: dict[str, float], stop: StopConfig) -> str:
