@@ -61,6 +61,10 @@ class RayEnvRunner(EnvRunner):
         """Step envs until the learner says stop."""
         raise NotImplementedError
 
+    def cpu_seconds(self) -> float:
+        """CPU time of this runner's process (served by a second actor thread)."""
+        return time.process_time()
+
 
 def runner_cpus(spec: ExperimentSpec) -> float:
     """CPUs per env runner: the spec's, or an equal share of what the learner leaves."""
@@ -93,7 +97,8 @@ class RunnerPool:
         self.learner = learner
         self.seed = seed
         self.restarts = 0
-        self._cls = ray.remote(runner_cls).options(num_cpus=runner_cpus(spec))
+        # two threads: `run` loops in one, the driver's `cpu_seconds` calls use the other
+        self._cls = ray.remote(runner_cls).options(num_cpus=runner_cpus(spec), max_concurrency=2)
         self.runners: dict[int, Any] = {}
         self.loops: dict[int, ray.ObjectRef] = {}
         for index in range(spec.resources.num_env_runners):
@@ -130,6 +135,10 @@ class RunnerPool:
     @property
     def size(self) -> int:
         return len(self.runners)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used by the live runners' processes so far."""
+        return float(sum(ray.get([r.cpu_seconds.remote() for r in self.runners.values()])))
 
     def resize(self, size: int) -> None:
         """Start runners up to `size`, or retire the newest ones beyond it."""
@@ -208,6 +217,7 @@ class LearnerAndRunners(Architecture):
         self.runners.check()
         metrics = ray.get(self.learner.metrics.remote())
         metrics["runner_restarts"] = self.runners.restarts
+        metrics["runners_cpu_s"] = self.runners.cpu_seconds()
         if self.adjuster is not None:
             self._autotune(metrics)
         return metrics

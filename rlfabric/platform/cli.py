@@ -83,6 +83,21 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
     train.add_argument("--resume", metavar="LOGDIR", help="continue the run in LOGDIR")
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
+    bench = commands.add_parser(
+        "bench", help="run one spec under several architectures and compare them"
+    )
+    bench.add_argument("spec", nargs="?", help="base YAML spec (optional)")
+    bench.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    bench.add_argument("--env", help="env id (overrides the spec's)")
+    bench.add_argument("--archs", default="seed,impala,ga3c", help="comma-separated archs")
+    bench.add_argument("--algo", default="vtrace", help="comma-separated algorithms")
+    bench.add_argument("--frames", type=int, default=300_000, help="env frames per run")
+    bench.add_argument(
+        "--threshold",
+        type=float,
+        help="return for 'time to threshold' (default: the env's reward_threshold)",
+    )
+    bench.add_argument("--out", default="runs/bench", help="folder for runs, bench.json, bench.png")
     spec_cmd = commands.add_parser("spec", help="inspect specs")
     spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
     show = spec_sub.add_parser("show", help="print the fully resolved spec with defaults")
@@ -113,6 +128,35 @@ def _train(args: argparse.Namespace) -> int:
     return 0 if result.stop_reason != "interrupted" else 130
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import yaml
+
+    from rlfabric.envs import describe_env
+    from rlfabric.platform.bench import format_table, plan_bench, run_bench
+    from rlfabric.platform.spec import ExperimentSpec, apply_overrides
+
+    if args.spec and "=" in args.spec and not Path(args.spec).exists():
+        args.overrides.insert(0, args.spec)  # no spec file: argparse took an override
+        args.spec = None
+    base: dict[str, Any] = {}
+    if args.spec:
+        ExperimentSpec.from_yaml(args.spec)  # fail early, with the spec's own message
+        base = yaml.safe_load(Path(args.spec).read_text()) or {}
+    if args.env:
+        base = apply_overrides(base, [f"env.id={args.env}"])
+    out = Path(args.out)
+    specs = plan_bench(
+        base, args.archs.split(","), args.algo.split(","), args.frames, out, args.overrides
+    )
+    threshold = args.threshold
+    if threshold is None:
+        threshold = describe_env(specs[0].env).reward_threshold
+    rows = run_bench(specs, threshold, out)
+    print(format_table(rows))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return 0
+
+
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.platform.spec import ExperimentSpec
 
@@ -122,7 +166,7 @@ def _spec_show(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers: dict[str, Any] = {"train": _train, "spec": _spec_show}
+    handlers: dict[str, Any] = {"train": _train, "spec": _spec_show, "bench": _bench}
     console = logging.StreamHandler()
     console.setLevel(logging.WARNING)  # INFO goes to the run's run.log only
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -140,6 +140,7 @@ class Learner:
                 out["episode_length_mean"] = float(np.mean(self.lengths))
         out.update(means)
         out["learner_busy_s"] = sums.get("learner_busy_s", 0.0)
+        out["learner_cpu_s"] = time.process_time()  # this process, all threads, since start
         return out
 
     def state_dict(self) -> dict[str, Any]:
