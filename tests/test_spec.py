@@ -76,7 +76,7 @@ def test_default_stop_uses_reward_threshold_and_frame_budget():
         ({"algo": {"name": "vtrace", "lrr": 1}}, [], ["algo.lrr", "unknown field", "lr"]),
         ({"algo": {"name": "vtrace", "lr": "fast"}}, [], ["algo.lr", "'fast'", "number"]),
         ({"algo": {"name": "vtrace", "lr": -1}}, [], ["algo.lr", "greater than 0", "-1"]),
-        ({"algo": "dqn"}, [], ["unknown algorithm 'dqn'", "registered: vtrace"]),
+        ({"algo": "dqn"}, [], ["unknown algorithm 'dqn'", "registered: a3c, ppo, vtrace"]),
         ({"arch": "mpi"}, [], ["unknown architecture 'mpi'", "local, seed"]),
         ({"env": "CartPol-v1"}, [], ["CartPol-v1", "CartPole-v1"]),
         ({"runn": {}}, [], ["runn", "unknown field", "resources"]),

@@ -66,6 +66,12 @@ class A3CConfig(ActorCriticConfig):
         "rmsprop", description="optimizer (GA3C: one shared RMSProp)"
     )
     eps: float = Field(0.1, gt=0, description="optimizer epsilon (GA3C RMSPROP_EPSILON: 0.1)")
+    reward_clip: float | None = Field(
+        None,
+        gt=0,
+        description="clip rewards to [-x, x]; GA3C clips to [-1, 1] (REWARD_MIN/MAX) for Atari; "
+        "null: no clipping",
+    )
     entropy_cost: float = Field(0.01, ge=0, description="entropy bonus beta (GA3C: 0.01)")
     baseline_cost: float = Field(
         1.0, ge=0, description="weight of 1/2 sum (R - V)^2 (GA3C adds it with weight 1)"
@@ -87,7 +93,7 @@ class A3C(ActorCriticAlgorithm):
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)
-        logp, entropy, values = evaluate(self.model, b["obs"], b["action"])
+        logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         returns = discounted_returns(
             rewards,

@@ -79,13 +79,24 @@ class Algorithm(ABC):
 
     @abstractmethod
     def act(
-        self, obs: np.ndarray, state: Any = None, deterministic: bool = False
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+        self,
+        obs: np.ndarray,
+        state: np.ndarray | None = None,
+        first: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """Policy step on a batch of observations `[N, ...]`.
 
-        Returns the actions `[N, ...]`, the extras the learner needs later
-        (e.g. behaviour log-probs) and the next recurrent state.
+        `state` is the recurrent state `[N, ...]` each env's previous step left
+        (None without a recurrent core); `first` `[N]` marks observations that
+        start an episode, where the state is reset. Returns the actions
+        `[N, ...]`, the extras the learner needs later (e.g. behaviour
+        log-probs) and the next recurrent state.
         """
+
+    def initial_state(self, num_envs: int) -> np.ndarray | None:
+        """The recurrent state of fresh envs, or None if the policy has no memory."""
+        return None
 
     @abstractmethod
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -46,6 +46,7 @@ from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
     ActorCriticConfig,
     evaluate,
+    forward,
     unroll_steps,
 )
 
@@ -137,7 +138,7 @@ class PPO(ActorCriticAlgorithm):
         b = to_tensors(batch, self.device)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         with torch.no_grad():
-            _, values = self.model(b["obs"])
+            _, values = forward(self.model, b)
         advantages = gae(rewards, discounts, values[:-1], values[-1], cfg.gae_lambda, valid)
         targets = {
             "valid": valid,
@@ -160,7 +161,7 @@ class PPO(ActorCriticAlgorithm):
         """One gradient step on a group of whole unrolls with their precomputed targets."""
         cfg = self.cfg
         valid = mb["valid"]
-        logp, entropy, values = evaluate(self.model, mb["obs"], mb["action"])
+        logp, entropy, values = evaluate(self.model, mb)
         advantages = mb["advantages"]
         if cfg.normalize_advantages:
             advantages = normalize(advantages, valid)

@@ -16,7 +16,7 @@ truncated episode bootstraps from V(obs[t+1]), its final observation.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -79,11 +79,22 @@ def unroll_steps(
     return UnrollSteps(valid, rewards, discounts)
 
 
-def evaluate(model: ActorCritic, obs: Tensor, action: Tensor) -> UnrollEval:
+def forward(model: ActorCritic, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Policy parameters `[T+1, B, P]` and values `[T+1, B]` over a batch's observations.
+
+    A recurrent core restarts from the state the unroll's first step was acted
+    on with (`state [1, B, ...]`) and resets wherever `is_first` marks an
+    episode start, as the actor's did: the learner recomputes the unroll.
+    """
+    state = batch["state"][0] if "state" in batch else None
+    return model(batch["obs"], batch["is_first"], state)
+
+
+def evaluate(model: ActorCritic, batch: dict[str, Tensor]) -> UnrollEval:
     """One time-major forward pass over `obs [T+1, B, ...]` scoring `action [T, B, ...]`."""
-    params, values = model(obs)
+    params, values = forward(model, batch)
     dist = model.distribution(params[:-1])
-    return UnrollEval(dist.log_prob(action), dist.entropy(), values)
+    return UnrollEval(dist.log_prob(batch["action"]), dist.entropy(), values)
 
 
 class ActorCriticAlgorithm(Algorithm):
@@ -123,15 +134,30 @@ class ActorCriticAlgorithm(Algorithm):
 
     @torch.no_grad()
     def act(
-        self, obs: np.ndarray, state: Any = None, deterministic: bool = False
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], Any]:
+        self,
+        obs: np.ndarray,
+        state: np.ndarray | None = None,
+        first: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """Sample (or take the mode); `logp` is the behaviour log-prob the learner needs."""
-        params, _ = self.model(torch.as_tensor(obs, device=self.device)[None])
+        device = self.device
+        params, _, state_out = self.model.unroll(
+            torch.as_tensor(obs, device=device)[None],
+            None if first is None else torch.as_tensor(first, device=device)[None],
+            None if state is None else torch.as_tensor(state, device=device),
+        )
         params = params[0]
         dist = self.model.distribution(params)
         action = self.model.mode(params) if deterministic else dist.sample()
         logp = dist.log_prob(action)
-        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, state
+        next_state = None if state_out is None else state_out.cpu().numpy()
+        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, next_state
+
+    def initial_state(self, num_envs: int) -> np.ndarray | None:
+        if not self.model.recurrent:
+            return None
+        return self.model.initial_state(num_envs).cpu().numpy()
 
     def gradient_step(self, loss: Tensor) -> Tensor:
         """Backward, global grad-norm clip if configured, step; returns the pre-clip norm."""

@@ -63,7 +63,7 @@ class VTrace(ActorCriticAlgorithm):
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)
-        logp, entropy, values = evaluate(self.model, b["obs"], b["action"])
+        logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         log_rhos = logp.detach() - b["logp"]
         targets = vtrace(

@@ -37,6 +37,7 @@ from pydantic import Field
 
 from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
 from rlfabric.envs import EnvInfo
+from rlfabric.platform.acting import Acted, RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import Request, tally
 from rlfabric.platform.inference import InferenceServer
 from rlfabric.platform.learner import Learner
@@ -45,8 +46,6 @@ from rlfabric.platform.workers import ThreadPool
 
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
-
-Reply = tuple[np.ndarray, dict[str, np.ndarray]]
 
 
 class GA3CConfig(RunnerArchConfig):
@@ -96,6 +95,7 @@ class GA3CLearner:
         )
         # Runners ship a whole env group per unroll; GA3C's queue counts single-env ones.
         group = spec.env.num_envs // cfg.env_groups
+        self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.training: queue.Queue[dict[str, np.ndarray]] = queue.Queue(
             max(1, cfg.training_queue_size // group)
         )
@@ -108,7 +108,7 @@ class GA3CLearner:
         self.trainers.resize(cfg.trainers)
 
     # -- called by env runners ---------------------------------------------------
-    def predict(self, request: Request) -> Reply | None:
+    def predict(self, request: Request) -> Acted | None:
         return self.server.infer(request)
 
     def train(self, unroll: dict[str, np.ndarray]) -> bool:
@@ -122,16 +122,10 @@ class GA3CLearner:
         return False
 
     # -- predictor and trainer threads ----------------------------------------------
-    def _predict(self, requests: list[Request]) -> list[Reply]:
-        obs = [r["obs"] for r in requests]
-        action, extras = self.learner.act(obs[0] if len(obs) == 1 else np.concatenate(obs))
-        replies, start = [], 0
+    def _predict(self, requests: list[Request]) -> list[Acted]:
         for request in requests:
             self.learner.record_steps(tally(request))
-            rows = slice(start, start + len(request["obs"]))
-            start = rows.stop
-            replies.append((action[rows], {k: v[rows] for k, v in extras.items()}))
-        return replies
+        return act_on_requests(self.learner.act, self.states, requests)
 
     def _train_step(self) -> None:
         try:
@@ -187,9 +181,9 @@ class GA3CEnvRunner(RayEnvRunner):
                 if reply is None:
                     self.close()
                     return
-                action, extras = reply
+                action, extras, state = reply
                 request = requests[group]
-                unroll = self.assembler.add(request["key"], request, action, extras)
+                unroll = self.assembler.add(request["key"], request, action, extras, state)
                 if unroll is not None:
                     if in_flight is not None and not ray.get(in_flight):
                         self.close()

@@ -30,6 +30,7 @@ from pydantic import Field
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
 from rlfabric.envs import EnvInfo
+from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import StepTally
 from rlfabric.platform.learner import Learner
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
@@ -140,8 +141,16 @@ class ImpalaEnvRunner(RayEnvRunner):
             spec.algo, env_info.observation_space, env_info.action_space, spec.model, "cpu"
         )
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.states = RecurrentStates(self.algorithm.initial_state)
         self.tally = StepTally()
         self.version = -1
+
+    def _act(
+        self, obs: np.ndarray, state: np.ndarray | None, first: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+        action, extras, state = self.algorithm.act(obs, state, first)
+        extras["policy_version"] = np.full(len(action), self.version, np.int64)
+        return action, extras, state
 
     def _sync_weights(self, learner: Any) -> None:
         version, ref = ray.get(learner.weights.remote())
@@ -162,10 +171,12 @@ class ImpalaEnvRunner(RayEnvRunner):
                 request = pending[group]
                 self.tally.add(request)
                 start = time.perf_counter()
-                action, extras, _ = self.algorithm.act(request["obs"])
-                extras["policy_version"] = np.full(len(action), self.version, np.int64)
+                (acted,) = act_on_requests(self._act, self.states, [request])
                 self.tally.inference_s += time.perf_counter() - start
-                unroll = self.assembler.add(request["key"], request, action, extras)
+                action = acted.action
+                unroll = self.assembler.add(
+                    request["key"], request, action, acted.extras, acted.state
+                )
                 if unroll is not None:
                     if in_flight is not None and not ray.get(in_flight):  # one in flight
                         self.close()

@@ -14,6 +14,7 @@ import torch
 from pydantic import Field
 
 from rlfabric.architectures.base import ArchConfig, Architecture
+from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import EnvRunner, Request, tally
 from rlfabric.platform.learner import Learner
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
@@ -35,6 +36,7 @@ class LocalArchitecture(Architecture):
             self.learner.load_state_dict(state)
         seed = spec.run.seed + self.learner.counters["agent_steps"]  # resumed runs see new episodes
         self.runner = EnvRunner(spec.env, index=0, seed=seed)
+        self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.batches = BatchBuilder(spec.algo.batch_size)
         self.pending: list[Request] = [self.runner.reset(g) for g in range(self.runner.num_groups)]
@@ -53,14 +55,15 @@ class LocalArchitecture(Architecture):
         learner = self.learner
         learner.record_steps(tally(request))
         start = time.perf_counter()
-        action, extras = learner.act(request["obs"])
+        (acted,) = act_on_requests(learner.act, self.states, [request])
+        action = acted.action
         learner.stats.add_many(
             {
                 "inference_ms": 1000.0 * (time.perf_counter() - start),
                 "inference_batch_envs": len(action),
             }
         )
-        unroll = self.assembler.add(request["key"], request, action, extras)
+        unroll = self.assembler.add(request["key"], request, action, acted.extras, acted.state)
         if unroll is not None:
             for batch in self.batches.add(unroll):
                 learner.update(batch)

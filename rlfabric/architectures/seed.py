@@ -29,6 +29,7 @@ from pydantic import Field
 
 from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
 from rlfabric.envs import EnvInfo
+from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import Request, tally
 from rlfabric.platform.inference import InferenceServer
 from rlfabric.platform.learner import Learner
@@ -71,6 +72,7 @@ class SeedLearner:
         self.learner = Learner(spec, env_info, frame_budget)
         if state is not None:
             self.learner.load_state_dict(state)
+        self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.batch_builder = BatchBuilder(spec.algo.batch_size)
         self.batches: queue.Queue[dict[str, np.ndarray]] = queue.Queue(cfg.queue_capacity)
@@ -94,20 +96,18 @@ class SeedLearner:
 
     # -- batcher thread ---------------------------------------------------------
     def _infer_batch(self, requests: list[Request]) -> list[np.ndarray]:
-        obs = [r["obs"] for r in requests]
-        action, extras = self.learner.act(obs[0] if len(obs) == 1 else np.concatenate(obs))
-        actions, start = [], 0
-        for request in requests:
+        actions = []
+        for request, acted in zip(
+            requests, act_on_requests(self.learner.act, self.states, requests)
+        ):
             self.learner.record_steps(tally(request))
-            rows = slice(start, start + len(request["obs"]))
-            start = rows.stop
             unroll = self.assembler.add(
-                request["key"], request, action[rows], {k: v[rows] for k, v in extras.items()}
+                request["key"], request, acted.action, acted.extras, acted.state
             )
             if unroll is not None:
                 for batch in self.batch_builder.add(unroll):
                     self._enqueue(batch)
-            actions.append(action[rows])
+            actions.append(acted.action)
         return actions
 
     def _enqueue(self, batch: dict[str, np.ndarray]) -> None:

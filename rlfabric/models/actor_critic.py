@@ -52,30 +52,79 @@ def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) ->
 
 
 class ActorCritic(nn.Module):
-    """Shared torso, a policy head and a value head.
+    """Torso, an optional LSTM core, a policy head and a value head.
 
-    Inputs are time-major `[T, B, ...]` so that a recurrent core can slot in
-    between torso and heads; `forward` returns the policy parameters
-    `[T, B, P]` and values `[T, B]`.
+    Inputs are time-major `[T, B, ...]`. `forward` returns the policy
+    parameters `[T, B, P]` and values `[T, B]`; `unroll` also returns the
+    recurrent state after the last step. The state is one tensor `[B, 2, H]`
+    (LSTM h and c), zeroed wherever `first[t]` says an episode starts, so the
+    learner can recompute an unroll from the state its first step saw.
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, cfg: ModelConfig) -> None:
         super().__init__()
         self.torso = build_torso(obs_space, cfg)
-        self.policy = build_policy_head(self.torso.out_dim, action_space, cfg)
-        self.value = init_layer(nn.Linear(self.torso.out_dim, 1), gain=1.0)
+        width = self.torso.out_dim
+        self.core = nn.LSTMCell(width, cfg.lstm) if cfg.lstm else None
+        width = cfg.lstm or width
+        self.policy = build_policy_head(width, action_space, cfg)
+        self.value = init_layer(nn.Linear(width, 1), gain=1.0)
         self.bf16 = cfg.precision == "bf16"
+        self.state_size = cfg.lstm
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def recurrent(self) -> bool:
+        return self.core is not None
+
+    def initial_state(self, batch: int) -> torch.Tensor:
+        """Zero state `[B, 2, H]` (empty `[B, 2, 0]` without a core)."""
+        return torch.zeros(batch, 2, self.state_size, device=self.value.weight.device)
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        first: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        params, value, _ = self.unroll(obs, first, state)
+        return params, value
+
+    def unroll(
+        self,
+        obs: torch.Tensor,
+        first: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         time, batch = obs.shape[:2]
         flat = obs.reshape(time * batch, *obs.shape[2:])
-        # Mixed precision stops at the torso: heads, losses and targets stay float32.
+        # Mixed precision stops at the torso: core, heads, losses and targets stay float32.
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             features = self.torso(flat)
         features = features.float()
+        if self.core is not None:
+            features, state = self._run_core(features.reshape(time, batch, -1), first, state)
+            features = features.reshape(time * batch, -1)
         params = self.policy(features)
         value = self.value(features).squeeze(-1)
-        return params.reshape(time, batch, -1), value.reshape(time, batch)
+        return params.reshape(time, batch, -1), value.reshape(time, batch), state
+
+    def _run_core(
+        self, features: torch.Tensor, first: torch.Tensor | None, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step the LSTM through time, resetting the state where an episode starts."""
+        assert self.core is not None
+        time, batch = features.shape[:2]
+        if state is None:
+            state = self.initial_state(batch)
+        h, c = state[:, 0], state[:, 1]
+        outputs = []
+        for t in range(time):
+            if first is not None:
+                keep = (~first[t]).unsqueeze(-1).to(h.dtype)
+                h, c = h * keep, c * keep
+            h, c = self.core(features[t], (h, c))
+            outputs.append(h)
+        return torch.stack(outputs), torch.stack([h, c], dim=1)
 
     def distribution(self, params: torch.Tensor) -> torch.distributions.Distribution:
         return self.policy.distribution(params)

@@ -38,10 +38,3 @@ class ModelConfig(BaseModel):
         if not sizes or any(s <= 0 for s in sizes):
             raise ValueError(f"hidden sizes must be a non-empty list of positive ints, got {sizes}")
         return sizes
-
-    @field_validator("lstm")
-    @classmethod
-    def _no_lstm_yet(cls, size: int) -> int:
-        if size:
-            raise ValueError(f"recurrent cores are not available yet (got lstm={size}); allowed: 0")
-        return size

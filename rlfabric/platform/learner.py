@@ -81,12 +81,14 @@ class Learner:
         """Number of updates so far: the version of the current parameters."""
         return self.counters["updates"]
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, state: np.ndarray | None = None, first: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """Sample actions; extras get the policy version that acted (for policy lag)."""
         version = self.policy_version
-        action, extras, _ = self.algorithm.act(obs)
+        action, extras, state = self.algorithm.act(obs, state, first)
         extras["policy_version"] = np.full(len(obs), version, np.int64)
-        return action, extras
+        return action, extras, state
 
     def record_steps(self, tally: dict[str, Any]) -> None:
         """Count env steps and finished episodes from a runner's `StepTally.take()`.

@@ -5,7 +5,8 @@ assembly, the local architecture). Following scalable_agent and SEED RL, an
 unroll holds T+1 observations and consecutive unrolls of one env overlap by
 one step: the last observation of an unroll bootstraps it and is the first of
 the next one. Arrays are time-major: `[T+1, n, ...]` for `obs` and
-`is_first`, `[T, n, ...]` for everything that follows an action.
+`is_first`, `[T, n, ...]` for everything that follows an action, and
+`[1, n, ...]` for a recurrent policy's `state` at the unroll's first step.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _empty_block(
     action: np.ndarray,
     extras: dict[str, np.ndarray],
     length: int,
+    state: np.ndarray | None,
 ) -> _Block:
     def alloc(steps: int, like: np.ndarray) -> np.ndarray:
         return np.empty((steps, *like.shape), dtype=like.dtype)
@@ -43,6 +45,8 @@ def _empty_block(
         **{k: alloc(length, request[k]) for k in STEP_OUTCOME},
         **{k: alloc(length, v) for k, v in extras.items()},
     }
+    if state is not None:  # the recurrent state obs[0] was acted on with: [1, n, ...]
+        arrays["state"] = state[None].copy()
     return _Block(run_id, arrays)
 
 
@@ -60,9 +64,19 @@ class UnrollAssembler:
     _blocks: dict[Any, _Block] = field(default_factory=dict)
 
     def add(
-        self, key: Any, request: dict[str, Any], action: np.ndarray, extras: dict[str, np.ndarray]
+        self,
+        key: Any,
+        request: dict[str, Any],
+        action: np.ndarray,
+        extras: dict[str, np.ndarray],
+        state: np.ndarray | None = None,
     ) -> dict[str, np.ndarray] | None:
-        """Record one vector step; return a finished unroll when one completes."""
+        """Record one vector step; return a finished unroll when one completes.
+
+        `state` is the recurrent state the policy acted on `request["obs"]`
+        with (before any reset at an episode start); the unroll keeps the one
+        of its first step, from which the learner recomputes the rest.
+        """
         block = self._blocks.get(key)
         run_id = request["run_id"]
         finished = None
@@ -70,7 +84,7 @@ class UnrollAssembler:
             if block is not None and block.t > 0:
                 self.dropped_unrolls += 1
             block = self._blocks[key] = _empty_block(
-                run_id, request, action, extras, self.unroll_length
+                run_id, request, action, extras, self.unroll_length, state
             )
             block.arrays["obs"][0] = request["obs"]
             block.arrays["is_first"][0] = request["is_first"]
@@ -83,7 +97,7 @@ class UnrollAssembler:
             if t == self.unroll_length:
                 finished = a
                 block = self._blocks[key] = _empty_block(
-                    run_id, request, action, extras, self.unroll_length
+                    run_id, request, action, extras, self.unroll_length, state
                 )
                 block.arrays["obs"][0] = a["obs"][t]
                 block.arrays["is_first"][0] = a["is_first"][t]

@@ -1,0 +1,78 @@
+"""One policy step for a list of runner requests, with each env's recurrent state.
+
+Wherever inference runs (the learner under SEED and GA3C, the runner under
+IMPALA, the one process of `local`), requests from several env groups are
+stacked into one forward pass and the results split back. A recurrent policy's
+state lives next to that inference, per env group, as SEED RL keeps it on the
+learner: a group whose runner restarted (new run id) starts from a fresh
+state, and the policy itself resets the state of envs whose observation
+starts an episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+Request = dict[str, Any]
+#: (obs, state, first) -> (action, extras, next state)
+ActFn = Callable[
+    [np.ndarray, np.ndarray | None, np.ndarray],
+    tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None],
+]
+
+
+class Acted(NamedTuple):
+    """The policy's answer for one request."""
+
+    action: np.ndarray
+    extras: dict[str, np.ndarray]
+    state: np.ndarray | None
+    """The state the policy acted with (before resets): what an unroll starting here keeps."""
+
+
+class RecurrentStates:
+    """Per env group recurrent state; empty (all None) for a policy without memory."""
+
+    def __init__(self, initial: Callable[[int], np.ndarray | None]) -> None:
+        self.initial = initial
+        self._states: dict[Any, tuple[str, np.ndarray]] = {}
+
+    def get(self, request: Request) -> np.ndarray | None:
+        entry = self._states.get(request["key"])
+        if entry is None or entry[0] != request["run_id"]:
+            return self.initial(len(request["obs"]))
+        return entry[1]
+
+    def put(self, request: Request, state: np.ndarray | None) -> None:
+        if state is not None:
+            self._states[request["key"]] = (request["run_id"], state)
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def act_on_requests(act: ActFn, states: RecurrentStates, requests: list[Request]) -> list[Acted]:
+    """One forward pass for all requests; returns one `Acted` per request, in order."""
+    held = [states.get(r) for r in requests]
+    state_in = None if held[0] is None else _stack(held)
+    action, extras, state_out = act(
+        _stack([r["obs"] for r in requests]), state_in, _stack([r["is_first"] for r in requests])
+    )
+    acted, start = [], 0
+    for request in requests:
+        rows = slice(start, start + len(request["obs"]))
+        start = rows.stop
+        if state_out is not None:
+            states.put(request, state_out[rows])
+        acted.append(
+            Acted(
+                action[rows],
+                {k: v[rows] for k, v in extras.items()},
+                None if state_in is None else state_in[rows],
+            )
+        )
+    return acted
