@@ -14,25 +14,46 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from rlfabric.platform.facade import Platform
 from rlfabric.platform.reporting import read_records
 from rlfabric.platform.spec import ExperimentSpec, apply_overrides
 
 
+def example_spec(env_id: str, arch: str, algo: str, folder: Path) -> Path | None:
+    """`examples/specs/<env>_<arch>_<algo>.yaml` (e.g. cartpole_ga3c_a3c.yaml), if it exists.
+
+    Per-env settings live in those YAML files, not in code: without a spec of
+    its own, a bench run starts from the example tuned for its pair.
+    """
+    env = env_id.split("/")[-1].split("-")[0].lower()
+    path = folder / f"{env}_{arch}_{algo}.yaml"
+    return path if path.is_file() else None
+
+
 def plan_bench(
-    base: dict[str, Any],
+    base: dict[str, Any] | None,
+    env_id: str,
     archs: list[str],
     algos: list[str],
     frames: int,
     outdir: Path,
     overrides: list[str],
+    examples: Path = Path("examples/specs"),
 ) -> list[ExperimentSpec]:
-    """One validated spec per (algo, arch): every bad input fails before any run starts."""
+    """One validated spec per (algo, arch): every bad input fails before any run starts.
+
+    With `base` None, each pair starts from its example spec where there is one.
+    """
     specs = []
     for algo in algos:
         for arch in archs:
-            data = apply_overrides(base, overrides)
+            start = base
+            if start is None:
+                example = example_spec(env_id, arch, algo, examples)
+                start = yaml.safe_load(example.read_text()) if example else {}
+            data = apply_overrides(start, [f"env.id={env_id}", *overrides])
             algo_section = data.get("algo") if isinstance(data.get("algo"), dict) else {}
             if algo_section.get("name", algo) != algo:
                 algo_section = {}  # the base spec's fields belong to another algorithm

@@ -88,7 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("spec", nargs="?", help="base YAML spec (optional)")
     bench.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
-    bench.add_argument("--env", help="env id (overrides the spec's)")
+    bench.add_argument(
+        "--env",
+        help="env id (default: the spec's, else CartPole-v1); without "
+        "a spec each run starts from examples/specs/<env>_<arch>_<algo>.yaml",
+    )
     bench.add_argument("--archs", default="seed,impala,ga3c", help="comma-separated archs")
     bench.add_argument("--algo", default="vtrace", help="comma-separated algorithms")
     bench.add_argument("--frames", type=int, default=300_000, help="env frames per run")
@@ -133,20 +137,25 @@ def _bench(args: argparse.Namespace) -> int:
 
     from rlfabric.envs import describe_env
     from rlfabric.platform.bench import format_table, plan_bench, run_bench
-    from rlfabric.platform.spec import ExperimentSpec, apply_overrides
+    from rlfabric.platform.spec import ExperimentSpec
 
     if args.spec and "=" in args.spec and not Path(args.spec).exists():
         args.overrides.insert(0, args.spec)  # no spec file: argparse took an override
         args.spec = None
-    base: dict[str, Any] = {}
+    base: dict[str, Any] | None = None
     if args.spec:
-        ExperimentSpec.from_yaml(args.spec)  # fail early, with the spec's own message
+        spec = ExperimentSpec.from_yaml(args.spec)  # fail early, with the spec's own message
         base = yaml.safe_load(Path(args.spec).read_text()) or {}
-    if args.env:
-        base = apply_overrides(base, [f"env.id={args.env}"])
+    env_id = args.env or (spec.env.id if args.spec else "CartPole-v1")
     out = Path(args.out)
     specs = plan_bench(
-        base, args.archs.split(","), args.algo.split(","), args.frames, out, args.overrides
+        base,
+        env_id,
+        args.archs.split(","),
+        args.algo.split(","),
+        args.frames,
+        out,
+        args.overrides,
     )
     threshold = args.threshold
     if threshold is None:

@@ -1,0 +1,38 @@
+"""`rlfabric bench`: planning (validation before any run, example specs) and its outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlfabric.platform.bench import format_table, plan_bench, run_bench
+from rlfabric.platform.errors import SpecError
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "specs"
+
+
+def test_plan_starts_each_pair_from_its_example_spec(tmp_path):
+    specs = plan_bench(None, "CartPole-v1", ["seed", "ga3c"], ["vtrace", "a3c"], 1000,
+                       tmp_path, ["run.seed=4"], examples=EXAMPLES)
+    pairs = [(s.arch.name, s.algo.name) for s in specs]
+    assert pairs == [("seed", "vtrace"), ("ga3c", "vtrace"), ("seed", "a3c"), ("ga3c", "a3c")]
+    assert specs[0].algo.batch_size == 4 and specs[1].algo.batch_size == 32  # from the YAMLs
+    assert all(s.run.seed == 4 and s.run.stop.env_frames == 1000 for s in specs)
+
+
+def test_plan_refuses_a_bad_pair_before_running_anything(tmp_path):
+    with pytest.raises(SpecError, match="unknown architecture 'mpi'"):
+        plan_bench({}, "CartPole-v1", ["seed", "mpi"], ["vtrace"], 1000, tmp_path, [])
+
+
+def test_bench_writes_table_json_and_plot(tmp_path):
+    specs = plan_bench({"env": {"id": "CartPole-v1", "num_envs": 8}}, "CartPole-v1", ["local"],
+                       ["vtrace", "ppo"], 3000, tmp_path, ["run.display=none"])
+    rows = run_bench(specs, 475.0, tmp_path)
+    assert [r["algo"] for r in rows] == ["vtrace", "ppo"]
+    assert json.loads((tmp_path / "bench.json").read_text())[0]["env_frames"] >= 3000
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+    table = format_table(rows)
+    assert "local" in table and "frames/s" in table
