@@ -168,17 +168,23 @@ def test_seed_replaces_a_crashed_env_runner(ray_session, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "arch"),
-    [("ALE/Pong-v5", "seed"), ("InvertedPendulum-v5", "seed"), ("ALE/Pong-v5", "local")],
+    ("env", "arch", "model"),
+    [
+        ("ALE/Pong-v5", "seed", {}),
+        ("ALE/Pong-v5", "seed", {"lstm": 32}),
+        ("InvertedPendulum-v5", "seed", {}),
+        ("ALE/Pong-v5", "local", {}),
+    ],
 )
-def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch):
-    """Atari (CNN, frameskip 4) and MuJoCo (Gaussian head) through a tiny budget."""
+def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch, model):
+    """Atari (CNN, frameskip 4, with and without LSTM) and MuJoCo (Gaussian head)."""
     result = _fit(
         tmp_path,
         arch,
         4_000 if env.startswith("ALE") else 2_000,
         env={"id": env, "num_envs": 4},
         algo={"name": "vtrace", "unroll_length": 5, "batch_size": 2},
+        model=model,
     )
     m = result.metrics
     assert m["updates"] >= 1 and np.isfinite(m["loss"])
