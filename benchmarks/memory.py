@@ -3,7 +3,8 @@
 Starts a run in a background thread (driver, learner and env runner actors),
 samples the resident set size of the driver and of every Ray worker process
 every --every seconds, and prints, per process, the RSS after the warm-up
-(the first sample past --warmup seconds), at the end, and the change.
+(the first sample past --warmup seconds), at the end, and the change. Linux only
+(reads /proc).
 
     python benchmarks/memory.py --minutes 20
     python benchmarks/memory.py --spec examples/specs/cartpole_impala_vtrace.yaml --minutes 5
@@ -15,20 +16,34 @@ import argparse
 import os
 import threading
 import time
-
-import psutil
+from pathlib import Path
 
 from rlfabric import Platform
 
 
 def rlfabric_processes() -> dict[int, str]:
-    """This driver and the Ray workers that host rlfabric actors (by process title)."""
+    """This driver and the Ray workers hosting rlfabric actors, by process title (Linux /proc)."""
     found = {os.getpid(): "driver"}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        title = " ".join(proc.info["cmdline"] or [])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
         if title.startswith("ray::") and ("Learner" in title or "EnvRunner" in title):
-            found[proc.info["pid"]] = title.split()[0]
+            found[int(entry.name)] = title.split()[0]
     return found
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def main() -> None:
@@ -40,10 +55,15 @@ def main() -> None:
     parser.add_argument("--logdir", default="runs/bench-memory")
     args = parser.parse_args()
     seconds = 60 * args.minutes
-    platform = Platform.from_yaml(args.spec, [
-        f"run.stop.wall_time_s={seconds}", "run.stop.env_frames=1000000000000",
-        f"run.logdir={args.logdir}", "run.display=none",
-    ])
+    platform = Platform.from_yaml(
+        args.spec,
+        [
+            f"run.stop.wall_time_s={seconds}",
+            "run.stop.env_frames=1000000000000",
+            f"run.logdir={args.logdir}",
+            "run.display=none",
+        ],
+    )
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(r=platform.fit()), daemon=True)
     worker.start()
@@ -53,15 +73,15 @@ def main() -> None:
     while worker.is_alive():
         now = time.perf_counter() - start
         for pid, name in rlfabric_processes().items():
-            try:
-                rss = psutil.Process(pid).memory_info().rss / 2**20
-            except psutil.NoSuchProcess:
+            rss = rss_mib(pid)
+            if rss is None:
                 continue
             names[pid] = name
             samples.setdefault(pid, []).append((now, rss))
         worker.join(args.every)
-    print(f"spec {args.spec}, {args.minutes:g} min, env frames "
-          f"{result['r'].metrics['env_frames']:,}")
+    print(
+        f"spec {args.spec}, {args.minutes:g} min, env frames {result['r'].metrics['env_frames']:,}"
+    )
     print(f"{'process':<28}{'RSS after warm-up MiB':>22}{'RSS at end MiB':>16}{'change':>9}")
     for pid, points in samples.items():
         after = [rss for t, rss in points if t >= args.warmup]
