@@ -24,24 +24,23 @@ update, as GA3C's did with its TF session.
 
 from __future__ import annotations
 
-import queue
-import sys
-import threading
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import ray
-import torch
 from pydantic import Field
 
-from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
+from rlfabric.architectures.runners import (
+    LearnerAndRunners,
+    LearnerProcess,
+    RayEnvRunner,
+    RunnerArchConfig,
+)
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.acting import Acted, RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import Request, tally
 from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.learner import Learner
-from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+from rlfabric.platform.unrolls import UnrollAssembler
 from rlfabric.platform.workers import ThreadPool
 
 if TYPE_CHECKING:
@@ -68,8 +67,10 @@ class GA3CConfig(RunnerArchConfig):
     )
 
 
-class GA3CLearner:
+class GA3CLearner(LearnerProcess):
     """The learner process: prediction queue + predictors, training queue + trainers."""
+
+    queue_metric = "training_queue"
 
     def __init__(
         self,
@@ -78,13 +79,11 @@ class GA3CLearner:
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
-        sys.setswitchinterval(0.0005)  # predictors need the GIL briefly between torch ops
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         cfg: GA3CConfig = spec.arch  # type: ignore[assignment]
-        self.learner = Learner(spec, env_info, frame_budget)
-        if state is not None:
-            self.learner.load_state_dict(state)
+        # Runners ship a whole env group per unroll; GA3C's queue counts single-env ones.
+        unrolls = max(1, cfg.training_queue_size // (spec.env.num_envs // cfg.env_groups))
+        super().__init__(spec, env_info, frame_budget, state, unrolls, trainers=cfg.trainers)
+        self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.server = InferenceServer(
             self._predict,
             min_batch=1,
@@ -93,19 +92,7 @@ class GA3CLearner:
             stats=self.learner.stats,
             num_threads=cfg.predictors,
         )
-        # Runners ship a whole env group per unroll; GA3C's queue counts single-env ones.
-        group = spec.env.num_envs // cfg.env_groups
-        self.states = RecurrentStates(self.learner.algorithm.initial_state)
-        self.training: queue.Queue[dict[str, np.ndarray]] = queue.Queue(
-            max(1, cfg.training_queue_size // group)
-        )
-        self.batch_builder = BatchBuilder(spec.algo.batch_size)
-        self._builder_lock = threading.Lock()
-        self._update_lock = threading.Lock()
-        self._stopping = threading.Event()
-        self.trainers = ThreadPool(self._train_step, "trainer")
         self.server.start()
-        self.trainers.resize(cfg.trainers)
 
     # -- called by env runners ---------------------------------------------------
     def predict(self, request: Request) -> Acted | None:
@@ -113,13 +100,7 @@ class GA3CLearner:
 
     def train(self, unroll: dict[str, np.ndarray]) -> bool:
         """Put an unroll on the training queue (blocks while full). False once stopping."""
-        while not self._stopping.is_set():
-            try:
-                self.training.put(unroll, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return self.put(unroll)
 
     # -- predictor and trainer threads ----------------------------------------------
     def _predict(self, requests: list[Request]) -> list[Acted]:
@@ -127,16 +108,15 @@ class GA3CLearner:
             self.learner.record_steps(tally(request))
         return act_on_requests(self.learner.act, self.states, requests)
 
-    def _train_step(self) -> None:
-        try:
-            unroll = self.training.get(timeout=0.1)
-        except queue.Empty:
-            return
+    def train_on(self, unroll: dict[str, np.ndarray]) -> None:
+        """A trainer concatenates unrolls into batches of B, then updates."""
         with self._builder_lock:
             batches = self.batch_builder.add(unroll)
         for batch in batches:
-            with self._update_lock:
-                self.learner.update(batch)
+            super().train_on(batch)
+
+    def pools(self) -> list[ThreadPool]:
+        return [*super().pools(), self.server.batchers]
 
     # -- called by the driver -------------------------------------------------------
     def configure(self, setting: dict[str, int]) -> None:
@@ -145,23 +125,15 @@ class GA3CLearner:
         self.trainers.resize(setting.get("trainers", self.trainers.size))
 
     def metrics(self) -> dict[str, float]:
-        for pool in (self.trainers, self.server.batchers):
-            if pool.error is not None:
-                raise pool.error
-        metrics = self.learner.metrics()
-        metrics["training_queue"] = self.training.qsize()
+        metrics = super().metrics()
         metrics["predictors"] = self.server.batchers.size
         metrics["trainers"] = self.trainers.size
         return metrics
 
-    def get_state(self) -> dict[str, Any]:
-        with self._update_lock:
-            return self.learner.state_dict()
-
     def stop(self) -> None:
         self._stopping.set()
         self.server.stop()
-        self.trainers.stop()
+        super().stop()
 
 
 class GA3CEnvRunner(RayEnvRunner):

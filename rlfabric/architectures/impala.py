@@ -15,30 +15,28 @@ for the policy lag, which the learner measures and reports.
 
 from __future__ import annotations
 
-import logging
-import queue
 import threading
 import time
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import ray
-import torch
 from pydantic import Field
 
 from rlfabric.algorithms import ALGORITHMS
-from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
+from rlfabric.architectures.runners import (
+    LearnerAndRunners,
+    LearnerProcess,
+    RayEnvRunner,
+    RunnerArchConfig,
+)
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import StepTally
-from rlfabric.platform.learner import Learner
-from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+from rlfabric.platform.unrolls import UnrollAssembler
 
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
-
-log = logging.getLogger(__name__)
 
 
 class ImpalaConfig(RunnerArchConfig):
@@ -48,8 +46,8 @@ class ImpalaConfig(RunnerArchConfig):
     )
 
 
-class ImpalaLearner:
-    """The learner process: Learner + batch queue + trainer thread + weight publication."""
+class ImpalaLearner(LearnerProcess):
+    """The learner process: batch queue + trainer thread + weight publication."""
 
     def __init__(
         self,
@@ -58,36 +56,14 @@ class ImpalaLearner:
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
-        # Unrolls arrive as read-only arrays from Ray's object store; we only read them.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.learner = Learner(spec, env_info, frame_budget)
-        if state is not None:
-            self.learner.load_state_dict(state)
-        self.batch_builder = BatchBuilder(spec.algo.batch_size)
-        self.batches: queue.Queue[dict[str, np.ndarray]] = queue.Queue(spec.arch.queue_capacity)
-        self._builder_lock = threading.Lock()
+        super().__init__(spec, env_info, frame_budget, state, spec.arch.queue_capacity)
         self._weights_lock = threading.Lock()
         self._published: tuple[int, ray.ObjectRef] | None = None
-        self._stopping = threading.Event()
-        self._error: BaseException | None = None
-        self._trainer = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
-        self._trainer.start()
 
-    # -- called by env runners ---------------------------------------------------
     def submit(self, unroll: dict[str, np.ndarray], tally: dict[str, Any]) -> bool:
-        """Take one unroll; block while the batch queue is full. False once stopping."""
+        """Called by env runners: one unroll; blocks while the queue is full. False: stop."""
         self.learner.record_steps(tally)
-        with self._builder_lock:
-            batches = self.batch_builder.add(unroll)
-        for batch in batches:
-            while not self._stopping.is_set():
-                try:
-                    self.batches.put(batch, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-        return not self._stopping.is_set()
+        return self.enqueue_unroll(unroll)
 
     def weights(self) -> list[Any]:
         """[version, ref to the weights]: one object store copy per version asked for.
@@ -100,36 +76,6 @@ class ImpalaLearner:
             if self._published is None or self._published[0] != version:
                 self._published = (version, ray.put(self.learner.algorithm.get_weights()))
             return list(self._published)
-
-    # -- trainer thread -------------------------------------------------------------
-    def _train_loop(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                try:
-                    batch = self.batches.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                self.learner.update(batch)
-        except BaseException as err:  # surfaced to the driver by metrics()
-            self._error = err
-
-    # -- called by the driver -------------------------------------------------------
-    def metrics(self) -> dict[str, float]:
-        if self._error is not None:
-            raise self._error
-        metrics = self.learner.metrics()
-        metrics["batch_queue"] = self.batches.qsize()
-        return metrics
-
-    def configure(self, setting: dict[str, int]) -> None:
-        """Nothing learner-side to tune: the adjuster only changes the runner count."""
-
-    def get_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._trainer.join(timeout=10.0)
 
 
 class ImpalaEnvRunner(RayEnvRunner):

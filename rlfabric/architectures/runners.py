@@ -1,16 +1,23 @@
-"""Env runner actors shared by the Ray topologies: sizing, launch, crash recovery.
+"""The actors the Ray topologies share: env runners, the learner process, the driver.
 
 An env runner that dies (its process killed, or its env raising) is replaced
 by a new actor with a new run id; the learner drops its partial unroll, and
-training goes on. Too many crashes end the run with a clear error.
+training goes on. Too many crashes end the run with a clear error. Every
+learner actor is a `LearnerProcess`: the Learner, a bounded queue whose
+blocking `put` is the backpressure on runners, and trainer threads.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import sys
+import threading
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import ray
 import torch
 from pydantic import Field
@@ -20,6 +27,9 @@ from rlfabric.envs import EnvInfo
 from rlfabric.platform.autotune import DynamicAdjuster
 from rlfabric.platform.env_runner import EnvRunner
 from rlfabric.platform.errors import RLFabricError
+from rlfabric.platform.learner import Learner
+from rlfabric.platform.unrolls import BatchBuilder
+from rlfabric.platform.workers import ThreadPool
 
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
@@ -46,6 +56,94 @@ class RunnerArchConfig(ArchConfig):
     max_env_runners: int = Field(
         4, ge=1, description="most env runners the adjuster may run (with autotune)"
     )
+
+
+class LearnerProcess:
+    """What every learner actor has: the Learner, a bounded queue and trainer threads.
+
+    The queue holds batches by default (`enqueue_unroll` cuts unrolls into
+    batches of B); GA3C's holds unrolls and overrides `train_on`. A full queue
+    blocks the caller: that is the backpressure that keeps the policy lag small.
+    """
+
+    queue_metric = "batch_queue"
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        env_info: EnvInfo,
+        frame_budget: int | None,
+        state: dict[str, Any] | None,
+        queue_capacity: int,
+        trainers: int = 1,
+    ) -> None:
+        torch.set_num_threads(spec.resources.torch_threads)
+        # Inference threads need the GIL for a moment between torch ops while a trainer
+        # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
+        sys.setswitchinterval(0.0005)
+        # Requests and unrolls arrive as read-only arrays from Ray's object store; we only read.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        self.learner = Learner(spec, env_info, frame_budget)
+        if state is not None:
+            self.learner.load_state_dict(state)
+        self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(queue_capacity)
+        self.batch_builder = BatchBuilder(spec.algo.batch_size)
+        self._builder_lock = threading.Lock()
+        self._update_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.trainers = ThreadPool(self._train_step, "trainer")
+        self.trainers.resize(trainers)
+
+    def put(self, item: dict[str, np.ndarray]) -> bool:
+        """Queue `item`, blocking while the queue is full; False once stopping."""
+        while not self._stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def enqueue_unroll(self, unroll: dict[str, np.ndarray]) -> bool:
+        """Cut unrolls into batches of B and queue each; False once stopping."""
+        with self._builder_lock:
+            batches = self.batch_builder.add(unroll)
+        return all(self.put(batch) for batch in batches)
+
+    def _train_step(self) -> None:
+        try:
+            item = self.queue.get(timeout=0.1)
+        except queue.Empty:
+            return
+        self.train_on(item)
+
+    def train_on(self, batch: dict[str, np.ndarray]) -> None:
+        with self._update_lock:  # one optimizer step at a time, and never mid-checkpoint
+            self.learner.update(batch)
+
+    def pools(self) -> list[ThreadPool]:
+        return [self.trainers]
+
+    # -- called by the driver -----------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        for pool in self.pools():
+            if pool.error is not None:
+                raise pool.error
+        metrics = self.learner.metrics()
+        metrics[self.queue_metric] = self.queue.qsize()
+        return metrics
+
+    def configure(self, setting: dict[str, int]) -> None:
+        """Apply the dynamic adjuster's learner-side knobs (none by default)."""
+
+    def get_state(self) -> dict[str, Any]:
+        with self._update_lock:
+            return self.learner.state_dict()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for pool in self.pools():
+            pool.stop()
 
 
 class RayEnvRunner(EnvRunner):

@@ -15,30 +15,27 @@ policy lag small; a long one only buys staleness.
 
 from __future__ import annotations
 
-import logging
-import queue
-import sys
-import threading
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import ray
-import torch
 from pydantic import Field
 
-from rlfabric.architectures.runners import LearnerAndRunners, RayEnvRunner, RunnerArchConfig
+from rlfabric.architectures.runners import (
+    LearnerAndRunners,
+    LearnerProcess,
+    RayEnvRunner,
+    RunnerArchConfig,
+)
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import Request, tally
 from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.learner import Learner
-from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+from rlfabric.platform.unrolls import UnrollAssembler
+from rlfabric.platform.workers import ThreadPool
 
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
-
-log = logging.getLogger(__name__)
 
 
 class SeedConfig(RunnerArchConfig):
@@ -52,8 +49,8 @@ class SeedConfig(RunnerArchConfig):
     )
 
 
-class SeedLearner:
-    """The learner process: Learner + InferenceServer + unroll queue + trainer thread."""
+class SeedLearner(LearnerProcess):
+    """The learner process: Learner + InferenceServer + unroll assembly + batch queue."""
 
     def __init__(
         self,
@@ -62,20 +59,10 @@ class SeedLearner:
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
-        # The batcher thread needs the GIL for a moment between torch ops while the trainer
-        # thread runs; Python's default 5 ms switch interval would add up to 5 ms per op.
-        sys.setswitchinterval(0.0005)
-        # Requests arrive as read-only arrays from Ray's object store; we only read them.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         cfg: SeedConfig = spec.arch  # type: ignore[assignment]
-        self.learner = Learner(spec, env_info, frame_budget)
-        if state is not None:
-            self.learner.load_state_dict(state)
+        super().__init__(spec, env_info, frame_budget, state, cfg.queue_capacity)
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
-        self.batch_builder = BatchBuilder(spec.algo.batch_size)
-        self.batches: queue.Queue[dict[str, np.ndarray]] = queue.Queue(cfg.queue_capacity)
         self.server = InferenceServer(
             self._infer_batch,
             min_batch=cfg.inference_min_batch,
@@ -83,60 +70,30 @@ class SeedLearner:
             timeout_s=cfg.inference_timeout_ms / 1000.0,
             stats=self.learner.stats,
         )
-        self._stopping = threading.Event()
-        self._update_lock = threading.Lock()
-        self._error: BaseException | None = None
-        self._trainer = threading.Thread(target=self._train_loop, name="trainer", daemon=True)
         self.server.start()
-        self._trainer.start()
 
-    # -- called by env runners ------------------------------------------------
     def infer(self, request: Request) -> np.ndarray | None:
+        """Called by env runners: one group step in, its actions out (None: stop)."""
         return self.server.infer(request)
 
-    # -- batcher thread ---------------------------------------------------------
     def _infer_batch(self, requests: list[Request]) -> list[np.ndarray]:
         actions = []
-        for request, acted in zip(
-            requests, act_on_requests(self.learner.act, self.states, requests)
-        ):
+        acted_all = act_on_requests(self.learner.act, self.states, requests)
+        for request, acted in zip(requests, acted_all):
             self.learner.record_steps(tally(request))
             unroll = self.assembler.add(
                 request["key"], request, acted.action, acted.extras, acted.state
             )
             if unroll is not None:
-                for batch in self.batch_builder.add(unroll):
-                    self._enqueue(batch)
+                self.enqueue_unroll(unroll)
             actions.append(acted.action)
         return actions
 
-    def _enqueue(self, batch: dict[str, np.ndarray]) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.batches.put(batch, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    def pools(self) -> list[ThreadPool]:
+        return [*super().pools(), self.server.batchers]
 
-    # -- trainer thread -----------------------------------------------------------
-    def _train_loop(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                try:
-                    batch = self.batches.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                with self._update_lock:
-                    self.learner.update(batch)
-        except BaseException as err:  # surfaced to the driver by metrics()
-            self._error = err
-
-    # -- called by the driver -------------------------------------------------------
     def metrics(self) -> dict[str, float]:
-        if self._error is not None:
-            raise self._error
-        metrics = self.learner.metrics()
-        metrics["batch_queue"] = self.batches.qsize()
+        metrics = super().metrics()
         metrics["dropped_unrolls"] = self.assembler.dropped_unrolls
         return metrics
 
@@ -144,14 +101,10 @@ class SeedLearner:
         """Apply the dynamic adjuster's inference batch size."""
         self.server.max_batch = setting.get("inference_max_batch", self.server.max_batch)
 
-    def get_state(self) -> dict[str, Any]:
-        with self._update_lock:
-            return self.learner.state_dict()
-
     def stop(self) -> None:
-        self._stopping.set()
+        self._stopping.set()  # first: a batcher blocked on the full queue lets go
         self.server.stop()
-        self._trainer.join(timeout=10.0)
+        super().stop()
 
 
 class SeedEnvRunner(RayEnvRunner):

@@ -109,66 +109,73 @@ class Platform:
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir = self._prepare_logdir()
-        previous = state.get("wall_time_s", 0.0) if state else 0.0
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title)
         run_log = _RunLog(logdir / "run.log")
+        progress = _Progress()
         arch_cls = ARCHITECTURES[spec.arch.name]
-        started_ray = init_ray(spec.resources) if arch_cls.uses_ray else False
-        arch: Architecture = arch_cls(spec, self.env_info, stop)
-        metrics: dict[str, float] = {}
-        checkpoint: Path | None = None
-        reason = "interrupted"
-        start = time.perf_counter()
-        started = False
+        started_ray = False
+        arch: Architecture | None = None
         try:
+            started_ray = init_ray(spec.resources) if arch_cls.uses_ray else False
+            arch = arch_cls(spec, self.env_info, stop)
             arch.start(state)
-            started = True
-            last_ckpt = last_time = time.perf_counter()
-            last_frames = state["counters"]["env_frames"] if state else 0
-            last_samples = state["counters"]["learner_samples"] if state else 0
-            while True:
-                metrics = arch.step()
-                now = time.perf_counter()
-                metrics["wall_time_s"] = previous + now - start
-                dt = max(now - last_time, 1e-9)
-                metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt
-                metrics["learner_samples_per_s"] = (metrics["learner_samples"] - last_samples) / dt
-                last_time, last_frames, last_samples = (
-                    now,
-                    metrics["env_frames"],
-                    metrics["learner_samples"],
-                )
-                reporter.log(metrics)
-                reason = stop_reason(metrics, stop)
-                if reason:
-                    break
-                interval = spec.run.checkpoint_interval_s
-                if interval and now - last_ckpt >= interval:
-                    checkpoint = self._checkpoint(arch, logdir, metrics)
-                    last_ckpt = now
+            progress.started = True
+            self._train(arch, reporter, stop, logdir, state, progress)
         finally:
             try:
-                if started:
-                    checkpoint = self._checkpoint(arch, logdir, metrics)
+                if progress.started:
+                    progress.checkpoint = self._checkpoint(arch, logdir, progress.metrics)
             except Exception as err:  # keep the original error; the last checkpoint stays
                 log.warning("final checkpoint failed: %s", err)
             finally:
-                arch.stop()
+                if arch is not None:
+                    arch.stop()
                 reporter.close()
                 run_log.close()
                 if started_ray:
                     ray.shutdown()
                 curve = reporter.plot()
                 reporter.message(
-                    f"stopped: {reason}\n"
+                    f"stopped: {progress.reason}\n"
                     f"logs:       {logdir}\n"
-                    f"checkpoint: {checkpoint}\n"
+                    f"checkpoint: {progress.checkpoint}\n"
                     f"curve:      {curve}"
                 )
-        return Result(
-            metrics, str(checkpoint) if checkpoint else None, str(logdir), reason, str(curve)
-        )
+        checkpoint = str(progress.checkpoint) if progress.checkpoint else None
+        return Result(progress.metrics, checkpoint, str(logdir), progress.reason, str(curve))
+
+    def _train(
+        self,
+        arch: Architecture,
+        reporter: Reporter,
+        stop: StopConfig,
+        logdir: Path,
+        state: dict[str, Any] | None,
+        progress: _Progress,
+    ) -> None:
+        """Report intervals until a stop condition holds; checkpoint on the way."""
+        previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
+        counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
+        last_frames, last_samples = counters["env_frames"], counters["learner_samples"]
+        start = last_time = last_ckpt = time.perf_counter()
+        while True:
+            metrics = progress.metrics = arch.step()
+            now = time.perf_counter()
+            dt = max(now - last_time, 1e-9)
+            metrics["wall_time_s"] = previous_wall + now - start
+            metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt
+            metrics["learner_samples_per_s"] = (metrics["learner_samples"] - last_samples) / dt
+            last_time, last_frames = now, metrics["env_frames"]
+            last_samples = metrics["learner_samples"]
+            reporter.log(metrics)
+            progress.reason = stop_reason(metrics, stop)
+            if progress.reason:
+                return
+            interval = self.spec.run.checkpoint_interval_s
+            if interval and now - last_ckpt >= interval:
+                progress.checkpoint = self._checkpoint(arch, logdir, metrics)
+                last_ckpt = now
 
     def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path]:
         spec = self.spec
@@ -199,6 +206,16 @@ class Platform:
             int(state["counters"]["env_frames"]),
             self.spec.run.keep_checkpoints,
         )
+
+
+@dataclass
+class _Progress:
+    """Where a run stands, for the final checkpoint and Result also after Ctrl-C."""
+
+    started: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str = "interrupted"
+    checkpoint: Path | None = None
 
 
 class _RunLog:
