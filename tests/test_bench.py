@@ -14,8 +14,16 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "specs"
 
 
 def test_plan_starts_each_pair_from_its_example_spec(tmp_path):
-    specs = plan_bench(None, "CartPole-v1", ["seed", "ga3c"], ["vtrace", "a3c"], 1000,
-                       tmp_path, ["run.seed=4"], examples=EXAMPLES)
+    specs = plan_bench(
+        None,
+        "CartPole-v1",
+        ["seed", "ga3c"],
+        ["vtrace", "a3c"],
+        1000,
+        tmp_path,
+        ["run.seed=4"],
+        examples=EXAMPLES,
+    )
     pairs = [(s.arch.name, s.algo.name) for s in specs]
     assert pairs == [("seed", "vtrace"), ("ga3c", "vtrace"), ("seed", "a3c"), ("ga3c", "a3c")]
     assert specs[0].algo.batch_size == 4 and specs[1].algo.batch_size == 32  # from the YAMLs
@@ -28,8 +36,15 @@ def test_plan_refuses_a_bad_pair_before_running_anything(tmp_path):
 
 
 def test_bench_writes_table_json_and_plot(tmp_path):
-    specs = plan_bench({"env": {"id": "CartPole-v1", "num_envs": 8}}, "CartPole-v1", ["local"],
-                       ["vtrace", "ppo"], 3000, tmp_path, ["run.display=none"])
+    specs = plan_bench(
+        {"env": {"id": "CartPole-v1", "num_envs": 8}},
+        "CartPole-v1",
+        ["local"],
+        ["vtrace", "ppo"],
+        3000,
+        tmp_path,
+        ["run.display=none"],
+    )
     rows = run_bench(specs, 475.0, tmp_path)
     assert [r["algo"] for r in rows] == ["vtrace", "ppo"]
     assert json.loads((tmp_path / "bench.json").read_text())[0]["env_frames"] >= 3000

@@ -247,8 +247,13 @@ def test_ga3c_learns_and_its_adjuster_acts(ray_session, tmp_path):
 def test_every_architecture_and_algorithm_learns_cartpole(ray_session, tmp_path, arch, algo):
     """The example spec of each pair, on a small budget: clearly above random."""
     spec = Path(__file__).resolve().parents[1] / f"examples/specs/cartpole_{arch}_{algo}.yaml"
-    result = Platform.from_yaml(spec, [
-        "run.stop.env_frames=60000", "run.display=none", f"run.logdir={tmp_path}",
-        "run.checkpoint_interval_s=0",
-    ]).fit()
+    result = Platform.from_yaml(
+        spec,
+        [
+            "run.stop.env_frames=60000",
+            "run.display=none",
+            f"run.logdir={tmp_path}",
+            "run.checkpoint_interval_s=0",
+        ],
+    ).fit()
     assert result.metrics["episode_return_mean"] > 2 * RANDOM_CARTPOLE_RETURN, result.metrics
