@@ -50,7 +50,7 @@ def test_spec_show_prints_the_resolved_spec():
     ("args", "expected"),
     [
         (("spec", "show", str(SPEC), "algo.lr=fast"), "algo.lr"),
-        (("spec", "show", str(SPEC), "algo.name=dqn"), "registered: a3c, ppo, vtrace"),
+        (("spec", "show", str(SPEC), "algo.name=dqn"), "registered: a3c, ppo, sac, td3, vtrace"),
         (("spec", "show", "missing.yaml"), "does not exist"),
         (("train", "--resume", "/nonexistent/run"), "not a run folder"),
         (("train",), "needs a spec file or --resume"),

@@ -76,7 +76,7 @@ def test_default_stop_uses_reward_threshold_and_frame_budget():
         ({"algo": {"name": "vtrace", "lrr": 1}}, [], ["algo.lrr", "unknown field", "lr"]),
         ({"algo": {"name": "vtrace", "lr": "fast"}}, [], ["algo.lr", "'fast'", "number"]),
         ({"algo": {"name": "vtrace", "lr": -1}}, [], ["algo.lr", "greater than 0", "-1"]),
-        ({"algo": "dqn"}, [], ["unknown algorithm 'dqn'", "registered: a3c, ppo, vtrace"]),
+        ({"algo": "dqn"}, [], ["unknown algorithm 'dqn'", "a3c, ppo, sac, td3, vtrace"]),
         ({"arch": "mpi"}, [], ["unknown architecture 'mpi'", "local, seed"]),
         ({"env": "CartPol-v1"}, [], ["CartPol-v1", "CartPole-v1"]),
         ({"runn": {}}, [], ["runn", "unknown field", "resources"]),
@@ -127,3 +127,13 @@ def test_continuous_actions_with_a_discrete_only_algorithm_are_refused(monkeypat
     monkeypatch.setitem(ALGORITHMS, "vtrace", DiscreteOnly)
     with pytest.raises(SpecError, match=r"Pendulum-v1.*cannot act in action space Box.*Discrete"):
         Platform(env="Pendulum-v1", algo="vtrace")
+
+
+def test_replay_algorithms_are_refused_by_trajectory_architectures():
+    with pytest.raises(SpecError, match=r"arch 'seed' cannot feed algorithm 'sac' \(replay data\)"):
+        Platform(arch="seed", algo="sac", env="Pendulum-v1")
+
+
+def test_discrete_envs_are_refused_by_continuous_only_algorithms():
+    with pytest.raises(SpecError, match=r"CartPole-v1 with algo 'td3'.*Discrete"):
+        Platform(arch="seed", algo="td3", env="CartPole-v1")

@@ -45,18 +45,10 @@ def _assert_artifacts(result) -> list[dict]:
     records = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
     assert records
     last = records[-1]
-    for key in (
-        "env_frames",
-        "agent_steps",
-        "wall_time_s",
-        "episode_return_mean",
-        "env_frames_per_s",
-        "loss",
-        "pg_loss",
-        "baseline_loss",
-        "entropy",
-    ):
+    for key in ("env_frames", "agent_steps", "wall_time_s", "episode_return_mean"):
         assert key in last, key
+    for key in ("env_frames_per_s", "loss", "pg_loss", "baseline_loss", "entropy"):
+        assert any(key in r for r in records), key  # per update: not in every interval
     frames = [r["env_frames"] for r in records]
     assert frames == sorted(frames)
     return records

@@ -39,12 +39,11 @@ SECTIONS = ("env", "arch", "algo", "model", "sparse", "resources", "run")
 class Result:
     """What a finished run hands back."""
 
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # the latest value of every metric reported
     checkpoint: str | None
     logdir: str
     stop_reason: str = ""
     curve: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def check_spec(spec: ExperimentSpec) -> EnvInfo:
@@ -160,7 +159,7 @@ class Platform:
         last_frames, last_samples = counters["env_frames"], counters["learner_samples"]
         start = last_time = last_ckpt = time.perf_counter()
         while True:
-            metrics = progress.metrics = arch.step()
+            metrics = arch.step()
             now = time.perf_counter()
             dt = max(now - last_time, 1e-9)
             metrics["wall_time_s"] = previous_wall + now - start
@@ -169,6 +168,8 @@ class Platform:
             last_time, last_frames = now, metrics["env_frames"]
             last_samples = metrics["learner_samples"]
             reporter.log(metrics)
+            # An interval without an update has no loss: keep the latest value of every key.
+            progress.metrics.update(metrics)
             progress.reason = stop_reason(metrics, stop)
             if progress.reason:
                 return
@@ -213,7 +214,7 @@ class _Progress:
     """Where a run stands, for the final checkpoint and Result also after Ctrl-C."""
 
     started: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # latest value of every key
     reason: str = "interrupted"
     checkpoint: Path | None = None
 

@@ -1,0 +1,192 @@
+"""What the off-policy actor-critics (SAC, TD3) share.
+
+Both learn from replay batches (ARCHITECTURE.md, "Batch"): `obs [B, ...]`,
+`action [B, A]` in the env's units, `reward [B]`, `next_obs [B, ...]` and
+`discount [B]`, with n-step folding done by `platform.replay.ReplayBuffer`, so
+`discount` is already gamma^m (m the fold length) or 0 after a termination. A
+target is therefore `reward + discount * bootstrap`; gamma is never applied
+again here.
+
+Defaults follow the papers and CleanRL's `td3_continuous_action.py` /
+`sac_continuous_action.py`: Adam lr 3e-4, batch 256, tau 0.005, two hidden
+layers of 256 ReLU units, 25k random warm-up steps, one update per agent
+step. The networks have their own `hidden` field rather than the spec's
+`model.hidden` (whose [64, 64] default suits the on-policy MLPs) so that the
+off-policy defaults are the references'; `model` is otherwise ignored. Layers
+keep PyTorch's default init, as in the references.
+
+Policies act in tanh units, [-1, 1] per dimension, and the critics see
+actions in those units too (the batch's env-unit actions are mapped back), so
+one network and one noise scale fit any bounded box; Fujimoto's
+`max_action * noise` is the symmetric-box case of "noise scaled to the half
+range".
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from rlfabric.algorithms.base import AlgoConfig, Algorithm
+from rlfabric.models import ModelConfig
+
+
+class OffPolicyConfig(AlgoConfig):
+    """Fields SAC and TD3 share (defaults: Fujimoto et al. 2018, Haarnoja et al. 2018, CleanRL)."""
+
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of every network")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="'linear' anneals lr to 0 over the run's env-frame budget"
+    )
+    batch_size: int = Field(256, ge=1, description="transitions per learner batch")
+    tau: float = Field(0.005, gt=0, le=1, description="soft target update rate (polyak)")
+    hidden: list[int] = Field(
+        [256, 256], description="hidden sizes of the actor and critic ReLU MLPs (not model.hidden)"
+    )
+    buffer_capacity: int = Field(1_000_000, ge=1, description="replay capacity in transitions")
+    warmup_steps: int = Field(
+        25_000, ge=0, description="agent steps of uniform random actions before learning starts"
+    )
+    updates_per_step: float = Field(
+        1.0, gt=0, description="learner updates per agent step (update-to-data ratio)"
+    )
+    n_step: int = Field(1, ge=1, description="n of the n-step target once n_step_after is reached")
+    n_step_after: int = Field(
+        0,
+        ge=0,
+        description="updates with 1-step targets before n_step applies (RLx2: n_step 3 after 300k)",
+    )
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
+    """ReLU MLP with PyTorch's default init, as CleanRL's SAC/TD3 and Fujimoto's TD3."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class QNetwork(nn.Module):
+    """Q(s, a) from the flattened observation concatenated with the action in tanh units."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim + action_dim, hidden, 1)
+
+    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
+        return self.net(torch.cat([obs.flatten(1).float(), action], dim=-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1)."""
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        t.lerp_(s, tau)
+
+
+class OffPolicyAlgorithm(Algorithm):
+    """Replay-batch actor-critics on bounded Box actions: spaces, rescaling, optimizers, state.
+
+    `self.model` is the actor, so the inherited `get_weights`/`set_weights`
+    move exactly what an env runner needs to act; `state_dict` holds every
+    network, target, optimizer, the update counter and (SAC) the temperature.
+    Subclasses fill `self.networks` and `self.optimizers` and implement
+    `act` and `update`.
+    """
+
+    config_cls: ClassVar[type[OffPolicyConfig]]
+    cfg: OffPolicyConfig
+    data = "replay"
+    action_spaces = (gym.spaces.Box,)
+
+    def __init__(
+        self,
+        cfg: OffPolicyConfig,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_cfg: ModelConfig,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(cfg, obs_space, action_space, model_cfg, device)
+        self.check_spaces(obs_space, action_space)
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.action_dim = int(action_space.shape[0])
+        low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32, device=self.device)
+        self.action_scale = (high - low) / 2
+        self.action_bias = (high + low) / 2
+        self.updates = 0
+        self.networks: dict[str, nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    @classmethod
+    def check_spaces(cls, obs_space: gym.Space, action_space: gym.Space) -> None:
+        """Continuous control only: a 1-D Box with finite bounds (tanh squashing needs them)."""
+        super().check_spaces(obs_space, action_space)
+        name = cls.config_cls.model_fields["name"].default
+        if len(action_space.shape) != 1 or not (
+            np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))
+        ):
+            raise ValueError(
+                f"algorithm '{name}' needs a 1-D Box action space with finite bounds, "
+                f"got {action_space}"
+            )
+
+    @property
+    def n_step(self) -> int:
+        """The n to sample with now: 1 until `n_step_after` updates (RLx2's delayed multi-step)."""
+        return self.cfg.n_step if self.updates >= self.cfg.n_step_after else 1
+
+    def to_env(self, action: Tensor) -> Tensor:
+        """Tanh units [-1, 1] to the Box bounds."""
+        return action * self.action_scale + self.action_bias
+
+    def from_env(self, action: Tensor) -> Tensor:
+        """Box bounds to tanh units [-1, 1]."""
+        return (action - self.action_bias) / self.action_scale
+
+    def batch_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        """A replay batch as float tensors on the device, actions in tanh units."""
+        t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        t["obs"], t["next_obs"] = t["obs"].float(), t["next_obs"].float()
+        t["action"] = self.from_env(t["action"].float())
+        t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
+        return t
+
+    def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
+        return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)
+
+    @staticmethod
+    def gradient_step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def set_progress(self, fraction: float) -> None:
+        """Anneal every optimizer's lr if `lr_schedule` is linear."""
+        scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
+        for optimizer in self.optimizers.values():
+            for group in optimizer.param_groups:
+                group["lr"] = self.cfg.lr * scale
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors, ints and floats only, so that `torch.load(weights_only=True)` reads it."""
+        return {
+            "networks": {k: m.state_dict() for k, m in self.networks.items()},
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, module in self.networks.items():
+            module.load_state_dict(state["networks"][key])
+        for key, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][key])
+        self.updates = int(state["updates"])

@@ -1,0 +1,175 @@
+"""SAC: soft actor-critic with a learned temperature.
+
+Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications"
+(arXiv 1812.05905), Algorithm 1: twin soft Q critics with soft targets, a
+tanh-squashed Gaussian policy trained through the reparameterisation trick
+(eq. 13), and the temperature alpha tuned by its own Adam to a target entropy
+of -|A| (eq. 18). Details follow CleanRL's `sac_continuous_action.py`: the
+policy's log std is squashed smoothly into [-5, 2], alpha starts at 1, and
+alpha's loss is `-alpha * (log pi + target_entropy)`. Unlike CleanRL (which
+delays the actor TD3-style) the actor and alpha update at every step, as in
+the paper.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, QNetwork, mlp, polyak
+from rlfabric.models import ModelConfig
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class SACConfig(OffPolicyConfig):
+    name: Literal["sac"] = Field("sac", description="registered algorithm name")
+    alpha_init: float = Field(1.0, gt=0, description="initial temperature alpha")
+
+
+class TanhGaussianActor(nn.Module):
+    """Mean and log std of a Gaussian over pre-tanh actions."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, 2 * action_dim)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self.net(obs.flatten(1).float()).chunk(2, dim=-1)
+        # CleanRL's smooth squash into [LOG_STD_MIN, LOG_STD_MAX]: a gradient everywhere.
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+    def sample(self, obs: Tensor, eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Reparameterised a = tanh(mean + std * eps), its log-prob, and tanh(mean).
+
+        log pi(a|s) = log N(x; mean, std) - sum log(1 - tanh(x)^2) (SAC appendix C), with
+        log(1 - tanh(x)^2) = 2 (log 2 - x - softplus(-2x)), exact and stable (Spinning Up).
+        `eps` ~ N(0, I) is drawn here unless given (tests fix it).
+        """
+        mean, log_std = self(obs)
+        if eps is None:
+            eps = torch.randn_like(mean)
+        x = mean + log_std.exp() * eps
+        gaussian = (-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        squash = (2 * (math.log(2) - x - F.softplus(-2 * x))).sum(-1)
+        return torch.tanh(x), gaussian - squash, torch.tanh(mean)
+
+
+class SAC(OffPolicyAlgorithm):
+    """Tanh-Gaussian actor, twin soft Q critics with targets, learned temperature."""
+
+    config_cls = SACConfig
+    cfg: SACConfig
+
+    def __init__(
+        self,
+        cfg: SACConfig,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_cfg: ModelConfig,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(cfg, obs_space, action_space, model_cfg, device)
+        dims = (self.obs_dim, self.action_dim, cfg.hidden)
+        self.actor = TanhGaussianActor(*dims).to(self.device)
+        self.q1 = QNetwork(*dims).to(self.device)
+        self.q2 = QNetwork(*dims).to(self.device)
+        self.q1_target = copy.deepcopy(self.q1)
+        self.q2_target = copy.deepcopy(self.q2)
+        self.log_alpha = torch.tensor(
+            math.log(cfg.alpha_init), device=self.device, requires_grad=True
+        )
+        self.target_entropy = -float(self.action_dim)
+        self.model = self.actor
+        self.networks = {
+            "actor": self.actor,
+            "q1": self.q1,
+            "q2": self.q2,
+            "q1_target": self.q1_target,
+            "q2_target": self.q2_target,
+        }
+        self.optimizers = {
+            "actor": self.make_optimizer(self.actor),
+            "critic": self.make_optimizer(self.q1, self.q2),
+            "alpha": torch.optim.Adam([self.log_alpha], lr=cfg.lr),
+        }
+        self.optimizer = self.optimizers["actor"]
+
+    @property
+    def alpha(self) -> Tensor:
+        return self.log_alpha.detach().exp()
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: np.ndarray,
+        state: np.ndarray | None = None,
+        first: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+        """Sample from pi (deterministic: tanh(mean)); `policy_action` is tanh(mean) either way."""
+        action, _, mode = self.actor.sample(torch.as_tensor(obs, device=self.device))
+        if deterministic:
+            action = mode
+        extras = {"policy_action": self.to_env(mode).cpu().numpy()}
+        return self.to_env(action).cpu().numpy(), extras, None
+
+    @torch.no_grad()
+    def target(
+        self, reward: Tensor, next_obs: Tensor, discount: Tensor, eps: Tensor | None = None
+    ) -> Tensor:
+        """y = r + discount * (min_i Q'_i(s', a') - alpha log pi(a'|s')), a' ~ pi(s') (eq. 3, 5)."""
+        next_action, next_logp, _ = self.actor.sample(next_obs, eps)
+        next_q = torch.min(
+            self.q1_target(next_obs, next_action), self.q2_target(next_obs, next_action)
+        )
+        return reward + discount * (next_q - self.alpha * next_logp)
+
+    def alpha_loss(self, logp: Tensor) -> Tensor:
+        """J(alpha) = E[-alpha (log pi(a|s) + target_entropy)] (eq. 18, CleanRL's form)."""
+        return -(self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        b = self.batch_tensors(batch)
+        self.updates += 1
+        y = self.target(b["reward"], b["next_obs"], b["discount"])
+        q1, q2 = self.q1(b["obs"], b["action"]), self.q2(b["obs"], b["action"])
+        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.gradient_step(self.optimizers["critic"], critic_loss)
+
+        action, logp, _ = self.actor.sample(b["obs"])
+        q_pi = torch.min(self.q1(b["obs"], action), self.q2(b["obs"], action))
+        actor_loss = (self.alpha * logp - q_pi).mean()
+        self.gradient_step(self.optimizers["actor"], actor_loss)
+
+        alpha_loss = self.alpha_loss(logp)
+        self.gradient_step(self.optimizers["alpha"], alpha_loss)
+
+        polyak(self.q1_target, self.q1, self.cfg.tau)
+        polyak(self.q2_target, self.q2, self.cfg.tau)
+        return {
+            "critic_loss": critic_loss.item(),
+            "actor_loss": actor_loss.item(),
+            "alpha_loss": alpha_loss.item(),
+            "alpha": self.alpha.item(),
+            "entropy": -logp.mean().item(),
+            "q_mean": q1.mean().item(),
+            "target_mean": y.mean().item(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "log_alpha": self.log_alpha.detach().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])

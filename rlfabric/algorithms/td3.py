@@ -1,0 +1,141 @@
+"""TD3: twin delayed deep deterministic policy gradient.
+
+Fujimoto, van Hoof & Meger 2018, "Addressing Function Approximation Error in
+Actor-Critic Methods" (arXiv 1802.09477), Algorithm 1, with the defaults of
+the authors' `TD3.py` and CleanRL's `td3_continuous_action.py`: exploration
+noise 0.1, target policy smoothing noise 0.2 clipped to 0.5 (all in units of
+the action half range), actor and target updates every 2 critic updates.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, QNetwork, mlp, polyak
+from rlfabric.models import ModelConfig
+
+
+class TD3Config(OffPolicyConfig):
+    name: Literal["td3"] = Field("td3", description="registered algorithm name")
+    exploration_noise: float = Field(
+        0.1, ge=0, description="std of the Gaussian acting noise, in half ranges"
+    )
+    policy_noise: float = Field(
+        0.2, ge=0, description="std of the target policy smoothing noise, in half ranges"
+    )
+    noise_clip: float = Field(0.5, ge=0, description="clip of the smoothing noise, in half ranges")
+    policy_freq: int = Field(2, ge=1, description="critic updates per actor and target update")
+
+
+class DeterministicActor(nn.Module):
+    """mu(s) in tanh units [-1, 1]."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, action_dim)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.net(obs.flatten(1).float()))
+
+
+class TD3(OffPolicyAlgorithm):
+    """Deterministic actor, twin critics, clipped double-Q targets with smoothing, delayed actor."""
+
+    config_cls = TD3Config
+    cfg: TD3Config
+
+    def __init__(
+        self,
+        cfg: TD3Config,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_cfg: ModelConfig,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(cfg, obs_space, action_space, model_cfg, device)
+        dims = (self.obs_dim, self.action_dim, cfg.hidden)
+        self.actor = DeterministicActor(*dims).to(self.device)
+        self.q1 = QNetwork(*dims).to(self.device)
+        self.q2 = QNetwork(*dims).to(self.device)
+        self.actor_target = copy.deepcopy(self.actor)
+        self.q1_target = copy.deepcopy(self.q1)
+        self.q2_target = copy.deepcopy(self.q2)
+        self.model = self.actor
+        self.networks = {
+            "actor": self.actor,
+            "q1": self.q1,
+            "q2": self.q2,
+            "actor_target": self.actor_target,
+            "q1_target": self.q1_target,
+            "q2_target": self.q2_target,
+        }
+        self.optimizers = {
+            "actor": self.make_optimizer(self.actor),
+            "critic": self.make_optimizer(self.q1, self.q2),
+        }
+        self.optimizer = self.optimizers["actor"]
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: np.ndarray,
+        state: np.ndarray | None = None,
+        first: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+        """mu(s) plus N(0, exploration_noise) clipped to the bounds (Fujimoto's `TD3.py` main loop).
+
+        `policy_action` is mu(s) itself, which RLx2's policy distance compares with.
+        """
+        mu = self.actor(torch.as_tensor(obs, device=self.device))
+        action = mu
+        if not deterministic:
+            noise = torch.randn_like(mu) * self.cfg.exploration_noise
+            action = (mu + noise).clamp(-1.0, 1.0)
+        extras = {"policy_action": self.to_env(mu).cpu().numpy()}
+        return self.to_env(action).cpu().numpy(), extras, None
+
+    @torch.no_grad()
+    def target(self, reward: Tensor, next_obs: Tensor, discount: Tensor, noise: Tensor) -> Tensor:
+        """y = r + discount * min_i Q'_i(s', clip(mu'(s') + clip(noise, -c, c), -1, 1)) (eq. 15).
+
+        `noise` is the unclipped N(0, policy_noise) draw, passed in so that a test can fix it.
+        """
+        smoothing = noise.clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
+        next_action = (self.actor_target(next_obs) + smoothing).clamp(-1.0, 1.0)
+        next_q = torch.min(
+            self.q1_target(next_obs, next_action), self.q2_target(next_obs, next_action)
+        )
+        return reward + discount * next_q
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        cfg = self.cfg
+        b = self.batch_tensors(batch)
+        self.updates += 1
+        noise = torch.randn_like(b["action"]) * cfg.policy_noise
+        y = self.target(b["reward"], b["next_obs"], b["discount"], noise)
+        q1, q2 = self.q1(b["obs"], b["action"]), self.q2(b["obs"], b["action"])
+        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.gradient_step(self.optimizers["critic"], critic_loss)
+        metrics = {
+            "critic_loss": critic_loss.item(),
+            "q_mean": q1.mean().item(),
+            "target_mean": y.mean().item(),
+        }
+        # Delayed policy updates (Section 5.2): actor and all targets every policy_freq steps.
+        if self.updates % cfg.policy_freq == 0:
+            actor_loss = -self.q1(b["obs"], self.actor(b["obs"])).mean()
+            self.gradient_step(self.optimizers["actor"], actor_loss)
+            polyak(self.actor_target, self.actor, cfg.tau)
+            polyak(self.q1_target, self.q1, cfg.tau)
+            polyak(self.q2_target, self.q2, cfg.tau)
+            metrics["actor_loss"] = actor_loss.item()
+        return metrics

@@ -1,0 +1,267 @@
+"""SAC and TD3: targets and losses against hand computations, update schedule, spaces,
+checkpoints, and a small Pendulum learning check without the platform."""
+
+from __future__ import annotations
+
+import io
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.algorithms.offpolicy import polyak
+from rlfabric.algorithms.sac import SAC, SACConfig
+from rlfabric.algorithms.td3 import TD3, TD3Config
+from rlfabric.models import ModelConfig
+from rlfabric.platform.replay import ReplayBuffer
+
+OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+ACT = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([3.0, 1.0], np.float32))
+
+
+def make(cls: type, **cfg: object) -> SAC | TD3:
+    torch.manual_seed(0)
+    algo = cls(cls.config_cls(hidden=[4], **cfg), OBS, ACT, ModelConfig())
+    # Targets that differ from the online networks, so a test sees which one is used.
+    with torch.no_grad():
+        for key, net in algo.networks.items():
+            if key.endswith("_target"):
+                for p in net.parameters():
+                    p.normal_()
+    return algo
+
+
+def np_mlp(net: nn.Sequential, x: np.ndarray) -> np.ndarray:
+    """The hand computation: Linear -> ReLU -> Linear from the raw weights."""
+    w1, b1 = net[0].weight.detach().numpy(), net[0].bias.detach().numpy()
+    w2, b2 = net[2].weight.detach().numpy(), net[2].bias.detach().numpy()
+    return np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+
+
+def np_q(q: nn.Module, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+    return np_mlp(q.net, np.concatenate([obs, action], -1))[:, 0]
+
+
+def replay_batch(b: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.normal(size=(b, 3)).astype(np.float32),
+        "action": rng.uniform(ACT.low, ACT.high, (b, 2)).astype(np.float32),
+        "reward": rng.normal(size=b).astype(np.float32),
+        "next_obs": rng.normal(size=(b, 3)).astype(np.float32),
+        "discount": np.array([0.99, 0.0, 0.99**3, 0.99, 0.0, 0.99], np.float32)[:b],
+    }
+
+
+def tensors(batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.as_tensor(batch[k]) for k in ("reward", "next_obs", "discount"))
+
+
+def test_td3_target_with_smoothing_matches_hand_computation() -> None:
+    algo = make(TD3)
+    batch = replay_batch()
+    noise = np.array([[0.7, -0.1], [-0.9, 0.3], [0.0, 0.0], [0.2, -0.6], [0.5, 0.1], [-0.3, 2]])
+    y = algo.target(*tensors(batch), torch.as_tensor(noise, dtype=torch.float32)).numpy()
+
+    s2 = batch["next_obs"]
+    mu = np.tanh(np_mlp(algo.actor_target.net, s2))
+    a2 = np.clip(mu + np.clip(noise, -0.5, 0.5), -1, 1)
+    q = np.minimum(np_q(algo.q1_target, s2, a2), np_q(algo.q2_target, s2, a2))
+    expected = batch["reward"] + batch["discount"] * q
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    # Terminal transitions (discount 0) do not bootstrap; gamma is not applied twice.
+    terminal = batch["discount"] == 0
+    np.testing.assert_allclose(y[terminal], batch["reward"][terminal], rtol=1e-6)
+
+
+def test_sac_target_and_alpha_loss_match_hand_computation() -> None:
+    algo = make(SAC, alpha_init=0.5)
+    batch = replay_batch()
+    eps = np.random.default_rng(1).normal(size=(6, 2)).astype(np.float32)
+    y = algo.target(*tensors(batch), torch.as_tensor(eps)).numpy()
+
+    s2 = batch["next_obs"]
+    out = np_mlp(algo.actor.net, s2)
+    mean, raw = out[:, :2], out[:, 2:]
+    log_std = -5 + 0.5 * 7 * (np.tanh(raw) + 1)
+    x = mean + np.exp(log_std) * eps
+    a2 = np.tanh(x)
+    normal = -0.5 * ((x - mean) / np.exp(log_std)) ** 2 - log_std - 0.5 * np.log(2 * np.pi)
+    logp = (normal - np.log(1 - a2**2)).sum(-1)
+    q = np.minimum(np_q(algo.q1_target, s2, a2), np_q(algo.q2_target, s2, a2))
+    expected = batch["reward"] + batch["discount"] * (q - 0.5 * logp)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+    # J(alpha) = -alpha (log pi + target_entropy), target entropy -|A| = -2.
+    logp_t = torch.tensor([1.0, 3.0])
+    assert algo.target_entropy == -2.0
+    loss = algo.alpha_loss(logp_t)
+    assert loss.item() == pytest.approx(-0.5 * ((1 - 2) + (3 - 2)) / 2)
+    # Entropy below target (log pi > 2) must raise alpha.
+    before = algo.alpha.item()
+    algo.gradient_step(algo.optimizers["alpha"], algo.alpha_loss(torch.tensor([5.0, 5.0])))
+    assert algo.alpha.item() > before
+
+
+def test_update_uses_batch_discount_without_bootstrap_at_termination() -> None:
+    for cls in (SAC, TD3):
+        algo = make(cls)
+        batch = replay_batch()
+        batch["discount"][:] = 0.0
+        metrics = algo.update(batch)
+        assert metrics["target_mean"] == pytest.approx(batch["reward"].mean(), abs=1e-6)
+
+
+def test_td3_actor_and_targets_update_every_policy_freq() -> None:
+    algo = make(TD3, policy_freq=2)
+    batch = replay_batch()
+
+    def snapshot(net: nn.Module) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in net.parameters()]
+
+    for step in range(1, 7):
+        actor, target, q1 = snapshot(algo.actor), snapshot(algo.q1_target), snapshot(algo.q1)
+        metrics = algo.update(batch)
+        delayed = step % 2 == 0
+        assert ("actor_loss" in metrics) == delayed
+        changed = [
+            any(not torch.equal(a, b) for a, b in zip(old, net.parameters(), strict=True))
+            for old, net in ((actor, algo.actor), (target, algo.q1_target), (q1, algo.q1))
+        ]
+        assert changed == [delayed, delayed, True], step
+
+
+def test_polyak_soft_update() -> None:
+    source, target = nn.Linear(2, 1), nn.Linear(2, 1)
+    s = [p.detach().clone() for p in source.parameters()]
+    t = [p.detach().clone() for p in target.parameters()]
+    polyak(target, source, 0.005)
+    for new, old, src in zip(target.parameters(), t, s, strict=True):
+        torch.testing.assert_close(new.detach(), 0.995 * old + 0.005 * src)
+
+
+@pytest.mark.parametrize("cls", [SAC, TD3])
+def test_actions_within_asymmetric_bounds(cls: type) -> None:
+    algo = make(cls)
+    with torch.no_grad():
+        for p in algo.actor.parameters():
+            p.mul_(50)  # saturate the tanh
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    for deterministic in (False, True):
+        action, extras, state = algo.act(obs, deterministic=deterministic)
+        assert state is None and action.shape == (64, 2)
+        for a in (action, extras["policy_action"]):
+            assert np.all(a >= ACT.low) and np.all(a <= ACT.high)
+    assert np.abs(action - extras["policy_action"]).max() == 0  # deterministic: the policy's own
+    unit = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]])
+    np.testing.assert_allclose(algo.to_env(unit).numpy(), [[-1, 0], [3, 1], [1, 0.5]])
+    torch.testing.assert_close(algo.from_env(algo.to_env(unit)), unit)
+
+
+@pytest.mark.parametrize("name", ["sac", "td3"])
+def test_refuses_discrete_and_unbounded_actions(name: str) -> None:
+    cls = ALGORITHMS[name]
+    assert cls.data == "replay"
+    with pytest.raises(ValueError, match=f"'{name}' cannot act in action space Discrete.*Box"):
+        cls.check_spaces(OBS, gym.spaces.Discrete(3))
+    with pytest.raises(ValueError, match="finite bounds"):
+        cls.check_spaces(OBS, gym.spaces.Box(-np.inf, np.inf, (2,)))
+    with pytest.raises(ValueError, match="Discrete"):
+        cls(cls.config_cls(), OBS, gym.spaces.Discrete(3), ModelConfig())
+
+
+def test_config_defaults_and_delayed_n_step() -> None:
+    for cfg in (SACConfig(), TD3Config()):
+        assert (cfg.lr, cfg.batch_size, cfg.gamma, cfg.tau) == (3e-4, 256, 0.99, 0.005)
+        assert (cfg.hidden, cfg.warmup_steps, cfg.lr_schedule) == ([256, 256], 25_000, "constant")
+        assert (cfg.updates_per_step, cfg.n_step, cfg.n_step_after) == (1.0, 1, 0)
+    algo = make(TD3, n_step=3, n_step_after=2)
+    batch = replay_batch()
+    assert algo.n_step == 1
+    algo.update(batch)
+    assert algo.n_step == 1
+    algo.update(batch)
+    assert algo.n_step == 3
+
+
+@pytest.mark.parametrize("cls", [SAC, TD3])
+def test_state_dict_round_trip_weights_only(cls: type) -> None:
+    algo, fresh = make(cls), make(cls)
+    batch = replay_batch()
+    for _ in range(3):
+        algo.update(batch)
+    buffer = io.BytesIO()
+    torch.save(algo.state_dict(), buffer)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    assert fresh.updates == 3
+    for key, net in algo.networks.items():
+        for a, b in zip(net.parameters(), fresh.networks[key].parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+    # Optimizer moments, counters and alpha came along: the next updates are identical.
+    for a in (algo, fresh):
+        torch.manual_seed(1)
+        a.metrics = [a.update(batch) for _ in range(2)]
+    assert algo.metrics == fresh.metrics
+    # get_weights is the actor only: what an env runner acts with.
+    assert set(algo.get_weights()) == set(algo.actor.state_dict())
+
+
+def pendulum_returns(name: str, steps: int, seed: int = 0) -> list[float]:
+    """Hand-written loop: one env, the algorithm and the ReplayBuffer; no platform."""
+    torch.manual_seed(seed)
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(seed)
+    cls = ALGORITHMS[name]
+    # Smaller nets and a higher lr than the defaults so that it learns in seconds on a CPU.
+    cfg = cls.config_cls(hidden=[64, 64], batch_size=128, lr=1e-3, warmup_steps=1000)
+    algo = cls(cfg, env.observation_space, env.action_space, ModelConfig())
+    buffer = ReplayBuffer.from_spaces(
+        env.observation_space, env.action_space, steps, gamma=cfg.gamma, seed=seed
+    )
+    obs, _ = env.reset(seed=seed)
+    returns, episode = [], 0.0
+    for t in range(steps):
+        warm = t < cfg.warmup_steps
+        action = env.action_space.sample() if warm else algo.act(obs[None])[0][0]
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(
+            obs[None],
+            action[None],
+            np.array([reward]),
+            np.array([terminated]),
+            np.array([truncated]),
+            next_obs[None],
+        )
+        episode += float(reward)
+        obs = next_obs
+        if terminated or truncated:
+            returns.append(episode)
+            episode = 0.0
+            obs, _ = env.reset()
+        if t >= cfg.warmup_steps:
+            algo.update(buffer.sample(cfg.batch_size))
+    return returns
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny networks: threads only add overhead
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sac_learns_pendulum(one_thread: None) -> None:
+    """Random play scores about -1200 to -1500 per 200-step episode."""
+    returns = pendulum_returns("sac", 4600)
+    assert np.mean(returns[-4:]) > -900, returns
+
+
+@pytest.mark.slow
+def test_td3_learns_pendulum(one_thread: None) -> None:
+    returns = pendulum_returns("td3", 8000)
+    assert np.mean(returns[-4:]) > -900, returns
