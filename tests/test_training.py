@@ -237,12 +237,17 @@ def test_ga3c_learns_and_its_adjuster_acts(ray_session, tmp_path):
 @pytest.mark.parametrize("algo", ["vtrace", "a3c", "ppo"])
 @pytest.mark.parametrize("arch", ["seed", "impala", "ga3c"])
 def test_every_architecture_and_algorithm_learns_cartpole(ray_session, tmp_path, arch, algo):
-    """The example spec of each pair, on a small budget: clearly above random."""
+    """The example spec of each pair, on a small budget: clearly above random.
+
+    Asynchronous runs are not deterministic; the budgets leave room for a slow
+    run (the matrix benchmark reaches 195 within 49k-217k frames).
+    """
+    frames = {"vtrace": 150_000, "a3c": 80_000, "ppo": 80_000}[algo]
     spec = Path(__file__).resolve().parents[1] / f"examples/specs/cartpole_{arch}_{algo}.yaml"
     result = Platform.from_yaml(
         spec,
         [
-            "run.stop.env_frames=60000",
+            f"run.stop.env_frames={frames}",
             "run.display=none",
             f"run.logdir={tmp_path}",
             "run.checkpoint_interval_s=0",
