@@ -24,6 +24,7 @@ range".
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
@@ -159,6 +160,14 @@ class OffPolicyAlgorithm(Algorithm):
         t["action"] = self.from_env(t["action"].float())
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t
+
+    def build_twin_critics(self) -> None:
+        """Q1, Q2 and their targets: the clipped double Q of TD3, which SAC shares."""
+        dims = (self.obs_dim, self.action_dim, self.cfg.hidden)
+        self.q1 = QNetwork(*dims).to(self.device)
+        self.q2 = QNetwork(*dims).to(self.device)
+        self.q1_target = copy.deepcopy(self.q1)
+        self.q2_target = copy.deepcopy(self.q2)
 
     def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
         return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)

@@ -13,7 +13,6 @@ the paper.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Literal
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, QNetwork, mlp, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, mlp, polyak
 from rlfabric.models import ModelConfig
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -81,10 +80,7 @@ class SAC(OffPolicyAlgorithm):
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
         dims = (self.obs_dim, self.action_dim, cfg.hidden)
         self.actor = TanhGaussianActor(*dims).to(self.device)
-        self.q1 = QNetwork(*dims).to(self.device)
-        self.q2 = QNetwork(*dims).to(self.device)
-        self.q1_target = copy.deepcopy(self.q1)
-        self.q2_target = copy.deepcopy(self.q2)
+        self.build_twin_critics()
         self.log_alpha = torch.tensor(
             math.log(cfg.alpha_init), device=self.device, requires_grad=True
         )

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, QNetwork, mlp, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, mlp, polyak
 from rlfabric.models import ModelConfig
 
 
@@ -63,11 +63,8 @@ class TD3(OffPolicyAlgorithm):
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
         dims = (self.obs_dim, self.action_dim, cfg.hidden)
         self.actor = DeterministicActor(*dims).to(self.device)
-        self.q1 = QNetwork(*dims).to(self.device)
-        self.q2 = QNetwork(*dims).to(self.device)
+        self.build_twin_critics()
         self.actor_target = copy.deepcopy(self.actor)
-        self.q1_target = copy.deepcopy(self.q1)
-        self.q2_target = copy.deepcopy(self.q2)
         self.model = self.actor
         self.networks = {
             "actor": self.actor,
