@@ -176,7 +176,7 @@ def test_refuses_discrete_and_unbounded_actions(name: str) -> None:
 def test_config_defaults_and_delayed_n_step() -> None:
     for cfg in (SACConfig(), TD3Config()):
         assert (cfg.lr, cfg.batch_size, cfg.gamma, cfg.tau) == (3e-4, 256, 0.99, 0.005)
-        assert (cfg.hidden, cfg.warmup_steps, cfg.lr_schedule) == ([256, 256], 25_000, "constant")
+        assert (cfg.hidden, cfg.warmup_steps, cfg.lr_schedule) == ([256, 256], 5_000, "constant")
         assert (cfg.updates_per_step, cfg.n_step, cfg.n_step_after) == (1.0, 1, 0)
     algo = make(TD3, n_step=3, n_step_after=2)
     batch = replay_batch()

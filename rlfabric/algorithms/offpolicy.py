@@ -9,8 +9,10 @@ again here.
 
 Defaults follow the papers and CleanRL's `td3_continuous_action.py` /
 `sac_continuous_action.py`: Adam lr 3e-4, batch 256, tau 0.005, two hidden
-layers of 256 ReLU units, 25k random warm-up steps, one update per agent
-step. The networks have their own `hidden` field rather than the spec's
+layers of 256 ReLU units, one update per agent step, and 5,000 random
+warm-up steps (CleanRL SAC's `learning_starts`; the TD3 paper, Section 6.1,
+used 1,000 to 10,000; its later code and CleanRL's TD3 use 25,000, which
+`algo.warmup_steps` restores for long MuJoCo runs). The networks have their own `hidden` field rather than the spec's
 `model.hidden` (whose [64, 64] default suits the on-policy MLPs) so that the
 off-policy defaults are the references'; `model` is otherwise ignored. Layers
 keep PyTorch's default init, as in the references.
@@ -51,7 +53,7 @@ class OffPolicyConfig(AlgoConfig):
     )
     buffer_capacity: int = Field(1_000_000, ge=1, description="replay capacity in transitions")
     warmup_steps: int = Field(
-        25_000, ge=0, description="agent steps of uniform random actions before learning starts"
+        5_000, ge=0, description="agent steps of uniform random actions before learning starts"
     )
     updates_per_step: float = Field(
         1.0, gt=0, description="learner updates per agent step (update-to-data ratio)"
