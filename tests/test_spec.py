@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import pytest
 import yaml
@@ -82,7 +84,7 @@ def test_default_stop_uses_reward_threshold_and_frame_budget():
         ({"runn": {}}, [], ["runn", "unknown field", "resources"]),
         ({}, ["run.stop.env_frames=lots"], ["run.stop.env_frames", "'lots'"]),
         ({}, ["run.display=tv"], ["run.display", "'rich'", "'tv'"]),
-        ({}, ["sparse.actor=0.9"], ["sparse.actor", "not available yet"]),
+        ({}, ["sparse.actor=1.0"], ["sparse.actor", "less than 1", "1.0"]),
         ({}, ["algo"], ["not of the form"]),
     ],
 )
@@ -129,11 +131,30 @@ def test_continuous_actions_with_a_discrete_only_algorithm_are_refused(monkeypat
         Platform(env="Pendulum-v1", algo="vtrace")
 
 
-def test_replay_algorithms_are_refused_by_trajectory_architectures():
+def test_an_architecture_refuses_data_it_cannot_feed(monkeypatch):
+    from rlfabric.architectures import ARCHITECTURES
+
+    monkeypatch.setattr(ARCHITECTURES["seed"], "data_kinds", ("trajectory",))
     with pytest.raises(SpecError, match=r"arch 'seed' cannot feed algorithm 'sac' \(replay data\)"):
         Platform(arch="seed", algo="sac", env="Pendulum-v1")
+
+
+def test_sparse_roles_and_budget_are_checked_before_anything_starts():
+    with pytest.raises(SpecError, match=r"sparse.critic=0.5.*roles: actor"):
+        Platform(arch="seed", algo="vtrace", env="CartPole-v1", sparse={"critic": 0.5})
+    Platform(arch="seed", algo="td3", env="Pendulum-v1", sparse={"actor": 0.9, "critic": 0.85})
 
 
 def test_discrete_envs_are_refused_by_continuous_only_algorithms():
     with pytest.raises(SpecError, match=r"CartPole-v1 with algo 'td3'.*Discrete"):
         Platform(arch="seed", algo="td3", env="CartPole-v1")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).resolve().parents[1] / "examples" / "specs").glob("*.yaml")),
+    ids=lambda p: p.stem,
+)
+def test_every_example_spec_passes_every_check(path):
+    """What `rlfabric train <spec>` checks before starting anything (spaces, sparse roles)."""
+    Platform.from_yaml(path)

@@ -3,19 +3,31 @@
 An algorithm is pure torch: it owns its networks and optimizer, turns
 observations into actions (`act`) and batches into updates (`update`), and
 never knows which process it runs in.
+
+Sparse training (RLx2, arXiv 2205.15043) wraps any algorithm the same way:
+each algorithm names its `sparse_roles` (the actor, the critic), `sparsify`
+puts a `SparseTrainer` on each role the spec makes sparse, and every optimizer
+step and target update of every algorithm goes through `optimizer_step` and
+`after_target_update`, which are plain `optimizer.step()` and nothing for a
+dense network.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
 
 from rlfabric.models import ModelConfig
+from rlfabric.sparse import SparseConfig, SparseTrainer, forward_flops, training_flops
 
 DataKind = Literal["trajectory", "replay"]
 
@@ -40,6 +52,26 @@ class TrajectoryConfig(AlgoConfig):
     batch_size: int = Field(32, ge=1, description="unrolls per learner batch (B)")
 
 
+@dataclass(frozen=True)
+class SparseRole:
+    """A network sparse training can wrap, and what its training touches.
+
+    RLx2 sparsifies the actor and the critic separately, each with its own
+    sparsity, optimizer and (for off-policy algorithms) target networks.
+    """
+
+    module: nn.Module
+    """The network; ERK spreads the role's sparsity over all its Linear/Conv layers."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer that steps `module` (through `Algorithm.optimizer_step`)."""
+    sample_inputs: Callable[[], tuple[Tensor, ...]]
+    """A batch of one for `module(*inputs)`: what FLOPs are counted on."""
+    targets: tuple[nn.Module, ...] = ()
+    """Same-structured target networks, re-masked after every soft update."""
+    steps_per_update: Fraction = Fraction(1)
+    """Optimizer steps of `module` per `update()` (TD3's actor: 1 / policy_freq)."""
+
+
 class Algorithm(ABC):
     """Base class: registry metadata, weights and checkpoint plumbing.
 
@@ -50,6 +82,8 @@ class Algorithm(ABC):
     config_cls: ClassVar[type[AlgoConfig]]
     data: ClassVar[DataKind]
     action_spaces: ClassVar[tuple[type[gym.Space], ...]]
+    sparse_roles_reason: ClassVar[str] = ""
+    """Why `sparse_roles` are what they are; `sparsify` quotes it when a role is missing."""
 
     def __init__(
         self,
@@ -66,6 +100,10 @@ class Algorithm(ABC):
         self.device = torch.device(device)
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
+        self.sparse_trainers: dict[str, SparseTrainer] = {}
+        """One trainer per role that trains sparse, set by `sparsify`."""
+        self._roles: dict[str, SparseRole] | None = None
+        self._forward_flops: dict[str, tuple[int, int]] = {}  # role -> (dense, sparse)
 
     @classmethod
     def check_spaces(cls, obs_space: gym.Space, action_space: gym.Space) -> None:
@@ -102,6 +140,10 @@ class Algorithm(ABC):
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One learning step on a batch (see ARCHITECTURE.md's Batch contract)."""
 
+    def expected_updates(self, agent_steps: int) -> int:
+        """How many times a run of `agent_steps` agent steps calls `update()`."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how many updates it makes")
+
     def set_progress(self, fraction: float) -> None:
         """Tell the algorithm how far the run is (0..1), for lr annealing."""
         scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
@@ -115,11 +157,180 @@ class Algorithm(ABC):
         self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sparse": self.sparse_state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_sparse_state(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.load_sparse_state(state)
+
+    # -- sparse training (RLx2) ---------------------------------------------
+
+    def sparse_roles(self) -> dict[str, SparseRole]:
+        """The networks sparse training can wrap, by role ("actor", "critic")."""
+        return {}
+
+    def sparsify(self, cfg: SparseConfig, total_updates: int | None, seed: int) -> None:
+        """Train each role whose sparsity in `cfg` is above 0 sparse, from now on.
+
+        `total_updates` is the run's expected number of `update()` calls (see
+        `expected_updates`), the topology's end when `cfg.t_end` is null, as RLx2's
+        `T_end = max_timesteps - start_timesteps`. A role counts `t_end` in its own
+        optimizer steps: updates times `steps_per_update` (RLx2 `TD3.py` gives the actor
+        `T_end / policy_freq`), and so does `delta`. Call once, after the networks are on
+        their device and before training; the targets, deep-copied from the dense
+        init, are masked here too.
+        """
+        if self.sparse_trainers:
+            raise RuntimeError("sparsify was already called on this algorithm")
+        roles = self._sparse_roles()
+        wanted = {name: s for name, s in (("actor", cfg.actor), ("critic", cfg.critic)) if s > 0}
+        for name, sparsity in wanted.items():
+            if name not in roles:
+                raise ValueError(
+                    f"sparse.{name}={sparsity}: algorithm '{self.cfg.name}' has no {name} "
+                    f"network to sparsify; its roles: {', '.join(roles) or 'none'}. "
+                    f"{self.sparse_roles_reason}".strip()
+                )
+        if not wanted:
+            return
+        updates = cfg.t_end if cfg.t_end is not None else total_updates
+        if updates is None:
+            raise ValueError(
+                "sparse.t_end is needed: the run has no env-frame budget (run.stop.env_frames) "
+                "to count the learner updates after which the topology freezes"
+            )
+        for index, (name, role) in enumerate(roles.items()):
+            if name not in wanted:
+                continue
+            self.sparse_trainers[name] = SparseTrainer(
+                role.module,
+                role.optimizer,
+                wanted[name],
+                t_end=max(1, int(updates * role.steps_per_update)),
+                distribution=cfg.distribution,
+                method=cfg.method,
+                delta=cfg.delta,
+                zeta=cfg.zeta,
+                seed=seed + index,
+            )
+        self._forward_flops.clear()
+        self.after_target_update()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """`optimizer.step()`, or its sparse trainer's step if it steps a sparse role.
+
+        Returns False when a topology update took the step's place (RLx2 skips the
+        optimizer step then, `DST_Scheduler.__call__`).
+        """
+        for name, trainer in self.sparse_trainers.items():
+            if trainer.optimizer is optimizer:
+                stepped = trainer.step()
+                if not stepped:
+                    self._forward_flops.pop(name, None)
+                return stepped
+        optimizer.step()
+        return True
+
+    def after_target_update(self) -> None:
+        """Re-mask every sparse role's targets: a soft update of masked weights would
+        keep stale values where the online network dropped connections (RLx2 `TD3.py`)."""
+        roles = self._sparse_roles()
+        for name, trainer in self.sparse_trainers.items():
+            for target in roles[name].targets:
+                trainer.mask_target(target)
+
+    def sparse_metrics(self) -> dict[str, float]:
+        """Parameters, sparsity and FLOP fractions (sparse / dense) of every role.
+
+        Dense roles report too (sparsity 0, fractions 1) so that runs compare. FLOPs are
+        RigL's theoretical count (`rlfabric.sparse.flops`); training FLOPs span the role's
+        whole schedule (its `t_end`, or the steps taken if more). The overall
+        `train_flops_fraction` weighs roles by steps per update; `inference_flops_fraction`
+        is the actor's, the network that acts (RLx2 reports the same split).
+        """
+        out: dict[str, float] = {}
+        train_dense = train_sparse = 0.0
+        for name, role in self._sparse_roles().items():
+            trainer = self.sparse_trainers.get(name)
+            dense, sparse = self._role_forward_flops(name, role)
+            out[f"params_{name}"] = float(
+                sum(int(torch.count_nonzero(p)) for p in role.module.parameters())
+            )
+            out[f"sparsity_{name}"] = 0.0
+            per_step_dense, per_step_sparse = 3.0 * dense, 3.0 * sparse
+            if trainer is not None:
+                masks = trainer.masks.values()
+                active = sum(int(m.sum()) for m in masks)
+                out[f"sparsity_{name}"] = 1.0 - active / sum(m.numel() for m in masks)
+                steps = max(trainer.t_end, trainer.step_count)
+                total = training_flops(
+                    dense, sparse, trainer.method, steps, trainer.delta, trainer.t_end
+                )
+                per_step_sparse = total / steps
+            out[f"inference_flops_fraction_{name}"] = sparse / dense
+            out[f"train_flops_fraction_{name}"] = per_step_sparse / per_step_dense
+            train_dense += float(role.steps_per_update) * per_step_dense
+            train_sparse += float(role.steps_per_update) * per_step_sparse
+        if train_dense:
+            out["train_flops_fraction"] = train_sparse / train_dense
+        if "inference_flops_fraction_actor" in out:
+            out["inference_flops_fraction"] = out["inference_flops_fraction_actor"]
+        return out
+
+    def sparse_state_dict(self) -> dict[str, Any]:
+        """Each sparse role's masks, step count and RNG; empty for a dense algorithm."""
+        return {name: trainer.state_dict() for name, trainer in self.sparse_trainers.items()}
+
+    def check_sparse_state(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose sparse roles or sparsities differ from this run's."""
+        saved = state.get("sparse", {})
+
+        def named(roles: Any) -> str:
+            return ", ".join(sorted(roles)) or "none (dense)"
+
+        if set(saved) != set(self.sparse_trainers):
+            raise ValueError(
+                f"checkpoint has sparse roles: {named(saved)}; this run: "
+                f"{named(self.sparse_trainers)}. Resume with the sparse section it was trained with"
+            )
+        for name, trainer in self.sparse_trainers.items():
+            masks = saved[name]["masks"]
+            kept = sum(int(m.sum()) for m in masks.values())
+            expected = sum(int(m.sum()) for m in trainer.masks.values())
+            if kept != expected:
+                raise ValueError(
+                    f"checkpoint's {name} keeps {kept} weights, this run's sparse.{name} "
+                    f"{expected}. Resume with the sparse section it was trained with"
+                )
+
+    def load_sparse_state(self, state: dict[str, Any]) -> None:
+        """After the weights are loaded (and `check_sparse_state`): masks, weights, targets."""
+        for name, trainer in self.sparse_trainers.items():
+            trainer.load_state_dict(state["sparse"][name])
+        self._forward_flops.clear()
+        self.after_target_update()
+
+    def _sparse_roles(self) -> dict[str, SparseRole]:
+        """`sparse_roles()`, built once: wrappers stay the same objects."""
+        if self._roles is None:
+            self._roles = self.sparse_roles()
+        return self._roles
+
+    def _role_forward_flops(self, name: str, role: SparseRole) -> tuple[int, int]:
+        """Dense and sparse forward FLOPs per sample, cached until the topology changes."""
+        if name not in self._forward_flops:
+            trainer = self.sparse_trainers.get(name)
+            flops = forward_flops(
+                role.module, *role.sample_inputs(), masks=trainer.masks if trainer else None
+            )
+            self._forward_flops[name] = (flops.dense, flops.sparse)
+        return self._forward_flops[name]
 
 
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:

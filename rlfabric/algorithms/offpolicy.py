@@ -12,10 +12,11 @@ Defaults follow the papers and CleanRL's `td3_continuous_action.py` /
 layers of 256 ReLU units, one update per agent step, and 5,000 random
 warm-up steps (CleanRL SAC's `learning_starts`; the TD3 paper, Section 6.1,
 used 1,000 to 10,000; its later code and CleanRL's TD3 use 25,000, which
-`algo.warmup_steps` restores for long MuJoCo runs). The networks have their own `hidden` field rather than the spec's
-`model.hidden` (whose [64, 64] default suits the on-policy MLPs) so that the
-off-policy defaults are the references'; `model` is otherwise ignored. Layers
-keep PyTorch's default init, as in the references.
+`algo.warmup_steps` restores for long MuJoCo runs). The networks have their
+own `hidden` field rather than the spec's `model.hidden` (whose [64, 64]
+default suits the on-policy MLPs) so that the off-policy defaults are the
+references'; `model` is otherwise ignored. Layers keep PyTorch's default init,
+as in the references.
 
 Policies act in tanh units, [-1, 1] per dimension, and the critics see
 actions in those units too (the batch's env-unit actions are mapped back), so
@@ -27,6 +28,7 @@ range".
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
@@ -35,7 +37,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.base import AlgoConfig, Algorithm
+from rlfabric.algorithms.base import AlgoConfig, Algorithm, SparseRole
 from rlfabric.models import ModelConfig
 
 
@@ -64,6 +66,28 @@ class OffPolicyConfig(AlgoConfig):
         ge=0,
         description="updates with 1-step targets before n_step applies (RLx2: n_step 3 after 300k)",
     )
+    unroll_length: int = Field(
+        8,
+        ge=1,
+        description="agent steps per chunk of transitions an env group sends to the buffer "
+        "(transport only: the update-to-data ratio holds within one chunk)",
+    )
+    dynamic_buffer: bool = Field(
+        False,
+        description="RLx2's dynamic capacity: drop the oldest 10% while the policy has moved "
+        "away from the buffer's oldest actions (buffer_capacity is then the maximum)",
+    )
+    buffer_min_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="dynamic buffer's floor; null: RLx2's (TD3 100k, SAC 200k)",
+    )
+    buffer_check_every: int = Field(
+        10_000, ge=1, description="stored transitions between dynamic-capacity checks (RLx2)"
+    )
+    buffer_threshold: float = Field(
+        0.2, gt=0, description="policy distance above which the dynamic buffer shrinks (RLx2)"
+    )
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
@@ -87,6 +111,20 @@ class QNetwork(nn.Module):
         return self.net(torch.cat([obs.flatten(1).float(), action], dim=-1)).squeeze(-1)
 
 
+class TwinQ(nn.Module):
+    """Q1 and Q2 as one module: the critic RLx2 sparsifies as one network (ERK over both).
+
+    A view that owns nothing new: its parameters are those of the two Q networks.
+    """
+
+    def __init__(self, q1: QNetwork, q2: QNetwork) -> None:
+        super().__init__()
+        self.q1, self.q2 = q1, q2
+
+    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        return self.q1(obs, action), self.q2(obs, action)
+
+
 @torch.no_grad()
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
     """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1)."""
@@ -101,13 +139,14 @@ class OffPolicyAlgorithm(Algorithm):
     move exactly what an env runner needs to act; `state_dict` holds every
     network, target, optimizer, the update counter and (SAC) the temperature.
     Subclasses fill `self.networks` and `self.optimizers` and implement
-    `act` and `update`.
+    `act` and `update`. Sparse roles: "actor" and "critic" (both Q networks).
     """
 
     config_cls: ClassVar[type[OffPolicyConfig]]
     cfg: OffPolicyConfig
     data = "replay"
     action_spaces = (gym.spaces.Box,)
+    sparse_roles_reason = "The critic role is both Q networks together, as in RLx2."
 
     def __init__(
         self,
@@ -174,11 +213,47 @@ class OffPolicyAlgorithm(Algorithm):
     def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
         return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)
 
-    @staticmethod
-    def gradient_step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
+    def gradient_step(self, optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        self.optimizer_step(optimizer)
+
+    def sample_inputs(self, *, action: bool) -> tuple[Tensor, ...]:
+        """A zero observation (and action) batch of one, for counting FLOPs."""
+        obs = torch.zeros((1, *self.obs_space.shape), device=self.device)
+        if not action:
+            return (obs,)
+        return obs, torch.zeros((1, self.action_dim), device=self.device)
+
+    def sparse_roles(self) -> dict[str, SparseRole]:
+        """The actor with its optimizer; the critic: Q1 and Q2 with theirs and their targets."""
+        return {
+            "actor": SparseRole(
+                self.actor,
+                self.optimizers["actor"],
+                lambda: self.sample_inputs(action=False),
+                targets=tuple(self.actor_targets()),
+                steps_per_update=self.actor_steps_per_update(),
+            ),
+            "critic": SparseRole(
+                TwinQ(self.q1, self.q2),
+                self.optimizers["critic"],
+                lambda: self.sample_inputs(action=True),
+                targets=(TwinQ(self.q1_target, self.q2_target),),
+            ),
+        }
+
+    def actor_targets(self) -> list[nn.Module]:
+        """The actor's target networks (TD3 has one, SAC none)."""
+        return []
+
+    def actor_steps_per_update(self) -> Fraction:
+        """Actor optimizer steps per `update()` (TD3 delays the actor)."""
+        return Fraction(1)
+
+    def expected_updates(self, agent_steps: int) -> int:
+        """`update()` calls in `agent_steps`: `updates_per_step` per step after the warm-up."""
+        return int(max(0, agent_steps - self.cfg.warmup_steps) * self.cfg.updates_per_step)
 
     def set_progress(self, fraction: float) -> None:
         """Anneal every optimizer's lr if `lr_schedule` is linear."""
@@ -193,11 +268,14 @@ class OffPolicyAlgorithm(Algorithm):
             "networks": {k: m.state_dict() for k, m in self.networks.items()},
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "updates": self.updates,
+            "sparse": self.sparse_state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_sparse_state(state)
         for key, module in self.networks.items():
             module.load_state_dict(state["networks"][key])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][key])
         self.updates = int(state["updates"])
+        self.load_sparse_state(state)

@@ -133,6 +133,10 @@ class PPO(ActorCriticAlgorithm):
     config_cls = PPOConfig
     cfg: PPOConfig
 
+    def optimizer_steps_per_update(self) -> int:
+        """One gradient step per minibatch per epoch."""
+        return self.cfg.epochs * self.cfg.num_minibatches
+
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)

@@ -152,6 +152,7 @@ class SAC(OffPolicyAlgorithm):
 
         polyak(self.q1_target, self.q1, self.cfg.tau)
         polyak(self.q2_target, self.q2, self.cfg.tau)
+        self.after_target_update()
         return {
             "critic_loss": critic_loss.item(),
             "actor_loss": actor_loss.item(),

@@ -10,6 +10,7 @@ the action half range), actor and target updates every 2 critic updates.
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from typing import Literal
 
 import gymnasium as gym
@@ -80,6 +81,13 @@ class TD3(OffPolicyAlgorithm):
         }
         self.optimizer = self.optimizers["actor"]
 
+    def actor_targets(self) -> list[nn.Module]:
+        return [self.actor_target]
+
+    def actor_steps_per_update(self) -> Fraction:
+        """One actor step every `policy_freq` updates (RLx2 `TD3.py`: actor T_end / policy_freq)."""
+        return Fraction(1, self.cfg.policy_freq)
+
     @torch.no_grad()
     def act(
         self,
@@ -134,5 +142,6 @@ class TD3(OffPolicyAlgorithm):
             polyak(self.actor_target, self.actor, cfg.tau)
             polyak(self.q1_target, self.q1, cfg.tau)
             polyak(self.q2_target, self.q2, cfg.tau)
+            self.after_target_update()
             metrics["actor_loss"] = actor_loss.item()
         return metrics

@@ -16,6 +16,7 @@ truncated episode bootstraps from V(obs[t+1]), its final observation.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import ClassVar, Literal, NamedTuple
 
 import gymnasium as gym
@@ -24,7 +25,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rlfabric.algorithms.base import Algorithm, TrajectoryConfig
+from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig
 from rlfabric.models import ActorCritic, ModelConfig
 
 
@@ -107,6 +108,10 @@ class ActorCriticAlgorithm(Algorithm):
     config_cls: ClassVar[type[ActorCriticConfig]]
     data = "trajectory"
     action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
+    sparse_roles_reason = (
+        "The policy and the value heads share one torso, so the whole network is one role: "
+        "sparse.actor."
+    )
 
     def __init__(
         self,
@@ -160,12 +165,40 @@ class ActorCriticAlgorithm(Algorithm):
         return self.model.initial_state(num_envs).cpu().numpy()
 
     def gradient_step(self, loss: Tensor) -> Tensor:
-        """Backward, global grad-norm clip if configured, step; returns the pre-clip norm."""
+        """Backward, global grad-norm clip if configured, step; returns the pre-clip norm.
+
+        A sparse network's gradients are masked during backward, so the norm and the
+        clip see only its active weights.
+        """
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clip = self.cfg.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip if clip else float("inf")
         )
-        self.optimizer.step()
+        self.optimizer_step(self.optimizer)
         return grad_norm
+
+    def optimizer_steps_per_update(self) -> int:
+        """`gradient_step` calls per `update()`: one, unless the loss takes minibatches."""
+        return 1
+
+    def expected_updates(self, agent_steps: int) -> int:
+        """`update()` calls in `agent_steps`: one per batch of `batch_size` unrolls.
+
+        Unrolls also hold autoreset steps, which are no agent steps, so a run makes
+        slightly more updates than this; the sparse topology then freezes just early.
+        """
+        return agent_steps // (self.cfg.unroll_length * self.cfg.batch_size)
+
+    def sparse_roles(self) -> dict[str, SparseRole]:
+        """One role, "actor": the whole shared network (torso, core, heads), one optimizer."""
+        obs = np.zeros((1, 1, *self.obs_space.shape), self.obs_space.dtype)
+        return {
+            "actor": SparseRole(
+                self.model,
+                self.optimizer,
+                lambda: (torch.as_tensor(obs, device=self.device),),
+                steps_per_update=Fraction(self.optimizer_steps_per_update()),
+            )
+        }

@@ -32,7 +32,7 @@ class Architecture(ABC):
     #: Whether the platform must start Ray before `start`.
     uses_ray: ClassVar[bool] = True
     #: Algorithm data kinds this topology can feed.
-    data_kinds: ClassVar[tuple[str, ...]] = ("trajectory",)
+    data_kinds: ClassVar[tuple[str, ...]] = ("trajectory", "replay")
 
     def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, stop: StopConfig) -> None:
         self.spec = spec

@@ -98,8 +98,13 @@ class GA3CLearner(LearnerProcess):
     def predict(self, request: Request) -> Acted | None:
         return self.server.infer(request)
 
-    def train(self, unroll: dict[str, np.ndarray]) -> bool:
-        """Put an unroll on the training queue (blocks while full). False once stopping."""
+    def train(self, unroll: dict[str, np.ndarray], key: tuple[int, int]) -> bool:
+        """Put an unroll on the training queue (blocks while full). False once stopping.
+
+        A replay algorithm's unrolls go into the replay buffer instead.
+        """
+        if self.replay is not None:
+            return self.enqueue_unroll(unroll, key)
         return self.put(unroll)
 
     # -- predictor and trainer threads ----------------------------------------------
@@ -160,7 +165,7 @@ class GA3CEnvRunner(RayEnvRunner):
                     if in_flight is not None and not ray.get(in_flight):
                         self.close()
                         return
-                    in_flight = learner.train.remote(unroll)
+                    in_flight = learner.train.remote(unroll, request["key"])
                 requests[group] = self.step(group, action)
                 pending[group] = learner.predict.remote(requests[group])
 

@@ -31,7 +31,7 @@ from rlfabric.architectures.runners import (
     RunnerArchConfig,
 )
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.acting import RecurrentStates, act_on_requests
+from rlfabric.platform.acting import RecurrentStates, UniformActions, act_on_requests
 from rlfabric.platform.env_runner import StepTally
 from rlfabric.platform.unrolls import UnrollAssembler
 
@@ -60,10 +60,12 @@ class ImpalaLearner(LearnerProcess):
         self._weights_lock = threading.Lock()
         self._published: tuple[int, ray.ObjectRef] | None = None
 
-    def submit(self, unroll: dict[str, np.ndarray], tally: dict[str, Any]) -> bool:
+    def submit(
+        self, unroll: dict[str, np.ndarray], tally: dict[str, Any], key: tuple[int, int]
+    ) -> bool:
         """Called by env runners: one unroll; blocks while the queue is full. False: stop."""
         self.learner.record_steps(tally)
-        return self.enqueue_unroll(unroll)
+        return self.enqueue_unroll(unroll, key)
 
     def weights(self) -> list[Any]:
         """[version, ref to the weights]: one object store copy per version asked for.
@@ -90,11 +92,18 @@ class ImpalaEnvRunner(RayEnvRunner):
         self.states = RecurrentStates(self.algorithm.initial_state)
         self.tally = StepTally()
         self.version = -1
+        # A replay algorithm's warm-up: random actions until the learner's first update.
+        self.explore = (
+            UniformActions(env_info.action_space, seed) if self.algorithm.data == "replay" else None
+        )
 
     def _act(
         self, obs: np.ndarray, state: np.ndarray | None, first: np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-        action, extras, state = self.algorithm.act(obs, state, first)
+        if self.explore is not None and self.version == 0:
+            action, extras, state = self.explore(len(obs))
+        else:
+            action, extras, state = self.algorithm.act(obs, state, first)
         extras["policy_version"] = np.full(len(action), self.version, np.int64)
         return action, extras, state
 
@@ -127,7 +136,7 @@ class ImpalaEnvRunner(RayEnvRunner):
                     if in_flight is not None and not ray.get(in_flight):  # one in flight
                         self.close()
                         return
-                    in_flight = learner.submit.remote(unroll, self.tally.take())
+                    in_flight = learner.submit.remote(unroll, self.tally.take(), request["key"])
                     shipped += 1
                     if shipped % every == 0:
                         self._sync_weights(learner)

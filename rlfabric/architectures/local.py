@@ -7,6 +7,7 @@ batches exactly as SEED's learner does, so it is the serial reference of SEED.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from rlfabric.architectures.base import ArchConfig, Architecture
 from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import EnvRunner, Request, tally
 from rlfabric.platform.learner import Learner
+from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
 
 
@@ -39,6 +41,12 @@ class LocalArchitecture(Architecture):
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.batches = BatchBuilder(spec.algo.batch_size)
+        self.replay: ReplayFeed | None = None
+        if self.learner.algorithm.data == "replay":
+            streams = StreamMap(1, spec.env.num_envs, self.runner.num_groups)
+            self.replay = ReplayFeed(self.learner, spec, self.env_info, streams, threading.Lock())
+            if state is not None and "replay" in state:
+                self.replay.load_state_dict(state["replay"])
         self.pending: list[Request] = [self.runner.reset(g) for g in range(self.runner.num_groups)]
 
     def step(self) -> dict[str, float]:
@@ -49,7 +57,10 @@ class LocalArchitecture(Architecture):
                 self.pending[group] = self._step_group(group, request)
             if budget and self.learner.counters["env_frames"] >= budget:
                 break
-        return self.learner.metrics()
+        metrics = self.learner.metrics()
+        if self.replay is not None:
+            metrics.update(self.replay.metrics())
+        return metrics
 
     def _step_group(self, group: int, request: Request) -> Request:
         learner = self.learner
@@ -64,13 +75,21 @@ class LocalArchitecture(Architecture):
             }
         )
         unroll = self.assembler.add(request["key"], request, action, acted.extras, acted.state)
-        if unroll is not None:
+        if unroll is not None and self.replay is not None:
+            self.replay.add_unroll(unroll, request["key"], threading.Event())
+            while self.replay.train_step(timeout=0):  # every update the new data is owed
+                pass
+        elif unroll is not None:
             for batch in self.batches.add(unroll):
                 learner.update(batch)
         return self.runner.step(group, action)
 
     def get_state(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+        state = self.learner.state_dict()
+        if self.replay is not None:
+            max_bytes = int(self.spec.run.checkpoint_replay_mb * 2**20)
+            state["replay"] = self.replay.state_dict(max_bytes)
+        return state
 
     def stop(self) -> None:
         if hasattr(self, "runner"):

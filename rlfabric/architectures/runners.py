@@ -22,12 +22,14 @@ import ray
 import torch
 from pydantic import Field
 
+from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.base import ArchConfig, Architecture
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.autotune import DynamicAdjuster
 from rlfabric.platform.env_runner import EnvRunner
 from rlfabric.platform.errors import RLFabricError
 from rlfabric.platform.learner import Learner
+from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
 from rlfabric.platform.unrolls import BatchBuilder
 from rlfabric.platform.workers import ThreadPool
 
@@ -64,6 +66,8 @@ class LearnerProcess:
     The queue holds batches by default (`enqueue_unroll` cuts unrolls into
     batches of B); GA3C's holds unrolls and overrides `train_on`. A full queue
     blocks the caller: that is the backpressure that keeps the policy lag small.
+    For a replay algorithm, unrolls go into a `ReplayFeed` instead and trainer
+    threads sample it; the feed's update-to-data ratio is the backpressure.
     """
 
     queue_metric = "batch_queue"
@@ -91,6 +95,15 @@ class LearnerProcess:
         self._builder_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._stopping = threading.Event()
+        self.replay: ReplayFeed | None = None
+        if self.learner.algorithm.data == "replay":
+            streams = StreamMap(
+                spec.resources.num_env_runners, spec.env.num_envs, spec.arch.env_groups
+            )
+            self.replay = ReplayFeed(self.learner, spec, env_info, streams, self._update_lock)
+            if state is not None and "replay" in state:
+                self.replay.load_state_dict(state["replay"])
+        self.replay_checkpoint_bytes = int(spec.run.checkpoint_replay_mb * 2**20)
         self.trainers = ThreadPool(self._train_step, "trainer")
         self.trainers.resize(trainers)
 
@@ -104,13 +117,21 @@ class LearnerProcess:
                 continue
         return False
 
-    def enqueue_unroll(self, unroll: dict[str, np.ndarray]) -> bool:
-        """Cut unrolls into batches of B and queue each; False once stopping."""
+    def enqueue_unroll(self, unroll: dict[str, np.ndarray], key: tuple[int, int]) -> bool:
+        """Cut unrolls into batches of B and queue each (or store them for replay).
+
+        `key` is the (runner index, env group) the unroll came from. False once stopping.
+        """
+        if self.replay is not None:
+            return self.replay.add_unroll(unroll, key, self._stopping)
         with self._builder_lock:
             batches = self.batch_builder.add(unroll)
         return all(self.put(batch) for batch in batches)
 
     def _train_step(self) -> None:
+        if self.replay is not None:
+            self.replay.train_step()
+            return
         try:
             item = self.queue.get(timeout=0.1)
         except queue.Empty:
@@ -130,7 +151,10 @@ class LearnerProcess:
             if pool.error is not None:
                 raise pool.error
         metrics = self.learner.metrics()
-        metrics[self.queue_metric] = self.queue.qsize()
+        if self.replay is not None:
+            metrics.update(self.replay.metrics())
+        else:
+            metrics[self.queue_metric] = self.queue.qsize()
         return metrics
 
     def configure(self, setting: dict[str, int]) -> None:
@@ -138,7 +162,10 @@ class LearnerProcess:
 
     def get_state(self) -> dict[str, Any]:
         with self._update_lock:
-            return self.learner.state_dict()
+            state = self.learner.state_dict()
+            if self.replay is not None:
+                state["replay"] = self.replay.state_dict(self.replay_checkpoint_bytes)
+            return state
 
     def stop(self) -> None:
         self._stopping.set()
@@ -175,8 +202,8 @@ def runner_cpus(spec: ExperimentSpec) -> float:
 
 def max_runners(spec: ExperimentSpec) -> int:
     """The most env runners this run may have at once (the adjuster may add some)."""
-    tuned = spec.arch.max_env_runners if spec.arch.autotune else 0
-    return max(spec.resources.num_env_runners, tuned)
+    tunable = spec.arch.autotune and ALGORITHMS[spec.algo.name].data != "replay"
+    return max(spec.resources.num_env_runners, spec.arch.max_env_runners if tunable else 0)
 
 
 class RunnerPool:
@@ -265,7 +292,12 @@ class LearnerAndRunners(Architecture):
     runner_cls: ClassVar[type[RayEnvRunner]]
 
     def knobs(self) -> dict[str, list[int]]:
-        """What the dynamic adjuster may change: name -> allowed values, in order."""
+        """What the dynamic adjuster may change: name -> allowed values, in order.
+
+        Not the runner count of a replay algorithm: its buffer has one stream per env.
+        """
+        if ALGORITHMS[self.spec.algo.name].data == "replay":
+            return {}
         return {"env_runners": list(range(1, self.spec.arch.max_env_runners + 1))}
 
     def _start_autotune(self) -> None:
@@ -273,6 +305,8 @@ class LearnerAndRunners(Architecture):
         if not self.spec.arch.autotune:
             return
         knobs = self.knobs()
+        if not knobs:
+            return
         start = {name: self.setting()[name] for name in knobs}
         self.adjuster = DynamicAdjuster(knobs, start, seed=self.spec.run.seed)
         self._window = (time.perf_counter(), 0)
@@ -289,7 +323,7 @@ class LearnerAndRunners(Architecture):
         if now - started >= self.spec.arch.autotune_interval_s:
             throughput = (metrics["learner_samples"] - samples) / (now - started)
             setting = self.adjuster.step(throughput)
-            self.runners.resize(setting["env_runners"])
+            self.runners.resize(setting.get("env_runners", self.runners.size))
             ray.get(self.learner.configure.remote(setting))
             self._window = (now, metrics["learner_samples"])
         metrics.update({f"autotune_{k}": v for k, v in self.adjuster.setting.items()})

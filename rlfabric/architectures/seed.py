@@ -85,7 +85,7 @@ class SeedLearner(LearnerProcess):
                 request["key"], request, acted.action, acted.extras, acted.state
             )
             if unroll is not None:
-                self.enqueue_unroll(unroll)
+                self.enqueue_unroll(unroll, request["key"])
             actions.append(acted.action)
         return actions
 

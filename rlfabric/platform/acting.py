@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 
 Request = dict[str, Any]
@@ -49,6 +50,25 @@ class RecurrentStates:
     def put(self, request: Request, state: np.ndarray | None) -> None:
         if state is not None:
             self._states[request["key"]] = (request["run_id"], state)
+
+
+class UniformActions:
+    """Uniform random actions in a Box: the warm-up policy of replay algorithms.
+
+    CleanRL's SAC/TD3 sample `envs.action_space.sample()` until `learning_starts`.
+    The extras are the replay algorithms' (`policy_action`, what RLx2's policy
+    distance compares with), here the random action itself, so that unrolls
+    keep one set of keys across the switch to the learned policy.
+    """
+
+    def __init__(self, space: gym.spaces.Box, seed: int) -> None:
+        self.space = space
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray], None]:
+        low, high = self.space.low, self.space.high
+        action = self.rng.uniform(low, high, (n, *self.space.shape)).astype(self.space.dtype)
+        return action, {"policy_action": action}, None
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:

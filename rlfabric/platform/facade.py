@@ -26,6 +26,7 @@ from rlfabric.envs import EnvInfo, describe_env
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlfabric.platform.errors import CheckpointError, SpecError
+from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.ray_setup import init_ray
 from rlfabric.platform.reporting import Reporter
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
@@ -54,6 +55,9 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
     try:
         algo_cls.check_spaces(env_info.observation_space, env_info.action_space)
         ActorCritic(env_info.observation_space, env_info.action_space, spec.model)
+        if spec.sparse.enabled:  # roles and t_end: the learner builds it the same way
+            budget = spec.stop_conditions(env_info.reward_threshold).env_frames
+            make_algorithm(spec, env_info, budget)
     except (ValueError, UnsupportedSpaceError) as err:
         raise SpecError(f"{spec.env.id} with algo '{spec.algo.name}': {err}") from None
     if algo_cls.data not in arch_cls.data_kinds:

@@ -20,6 +20,7 @@ import torch
 
 from rlfabric.algorithms import ALGORITHMS, Algorithm
 from rlfabric.envs import EnvInfo
+from rlfabric.platform.acting import UniformActions
 from rlfabric.platform.stats import IntervalStats
 
 if TYPE_CHECKING:
@@ -55,6 +56,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def make_algorithm(
+    spec: ExperimentSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
+) -> Algorithm:
+    """The spec's algorithm on the env's spaces, sparse where `spec.sparse` says (RLx2).
+
+    The topology freezes after `sparse.t_end` updates, or by default after the
+    updates the run's frame budget makes (RLx2: at the end of training).
+    """
+    algorithm = ALGORITHMS[spec.algo.name](
+        spec.algo, env_info.observation_space, env_info.action_space, spec.model, device
+    )
+    if spec.sparse.enabled:
+        steps = frame_budget // env_info.frameskip if frame_budget else None
+        total = algorithm.expected_updates(steps) if steps is not None else None
+        algorithm.sparsify(spec.sparse, total, spec.run.seed)
+    return algorithm
+
+
 class Learner:
     """The Algorithm plus the bookkeeping every architecture needs around it."""
 
@@ -64,9 +83,12 @@ class Learner:
         random.seed(spec.run.seed)
         np.random.seed(spec.run.seed)
         torch.manual_seed(spec.run.seed)
-        algo_cls = ALGORITHMS[spec.algo.name]
-        self.algorithm: Algorithm = algo_cls(
-            spec.algo, env_info.observation_space, env_info.action_space, spec.model, device
+        self.algorithm = make_algorithm(spec, env_info, frame_budget, device)
+        # Replay algorithms act uniformly at random until their first update (the warm-up).
+        self.explore = (
+            UniformActions(env_info.action_space, spec.run.seed)
+            if self.algorithm.data == "replay"
+            else None
         )
         self.frameskip = env_info.frameskip
         self.frame_budget = frame_budget
@@ -86,7 +108,10 @@ class Learner:
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """Sample actions; extras get the policy version that acted (for policy lag)."""
         version = self.policy_version
-        action, extras, state = self.algorithm.act(obs, state, first)
+        if self.explore is not None and version == 0:
+            action, extras, state = self.explore(len(obs))
+        else:
+            action, extras, state = self.algorithm.act(obs, state, first)
         extras["policy_version"] = np.full(len(obs), version, np.int64)
         return action, extras, state
 
@@ -122,12 +147,14 @@ class Learner:
         start = time.perf_counter()
         metrics = self.algorithm.update(batch)
         elapsed = time.perf_counter() - start
-        samples = int(np.prod(batch["action"].shape[:2]))
-        lag = self.policy_version - float(batch["policy_version"].mean())
+        samples = batch["reward"].size  # [T, B] steps of unrolls, or [B] replay transitions
         with self._lock:
             self.counters["updates"] += 1
             self.counters["learner_samples"] += samples
-        self.stats.add_many({**metrics, "learner_step_ms": 1000.0 * elapsed, "policy_lag": lag})
+        if "policy_version" in batch:
+            lag = self.policy_version - float(batch["policy_version"].mean())
+            metrics = {**metrics, "policy_lag": lag}
+        self.stats.add_many({**metrics, "learner_step_ms": 1000.0 * elapsed})
         self.stats.add("learner_busy_s", elapsed)
         return metrics
 
@@ -141,6 +168,7 @@ class Learner:
                 out["episode_return_mean"] = float(np.mean(self.returns))
                 out["episode_length_mean"] = float(np.mean(self.lengths))
         out.update(means)
+        out.update(self.algorithm.sparse_metrics())
         out["learner_busy_s"] = sums.get("learner_busy_s", 0.0)
         out["learner_cpu_s"] = time.process_time()  # this process, all threads, since start
         return out

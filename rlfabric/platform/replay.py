@@ -135,6 +135,12 @@ class ReplayBuffer:
         return array[np.arange(self.num_envs)[:, None], slots]
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the stored transitions take (what a checkpoint of the contents writes)."""
+        per_slot = sum(a.nbytes // (a.shape[0] * a.shape[1]) for a in self._data.values())
+        return len(self) * per_slot
+
+    @property
     def capacity(self) -> int:
         return self._capacity
 
@@ -167,8 +173,9 @@ class ReplayBuffer:
         next_obs: np.ndarray,
         valid: np.ndarray | None = None,
         policy_action: np.ndarray | None = None,
+        streams: np.ndarray | None = None,
     ) -> None:
-        """Store one vector step, every argument `[num_envs, ...]`.
+        """Store one vector step, every argument `[num_envs, ...]` (or `[len(streams), ...]`).
 
         `next_obs` at a truncation must be the episode's real final observation: a
         fold bootstraps from it. `valid[i] = False` marks the step gymnasium's
@@ -177,11 +184,14 @@ class ReplayBuffer:
         through it, so that a skipped step can never be folded over. After a
         termination or truncation that step ends folds already.
         `policy_action` is required with `store_policy_action`, ignored otherwise.
+        `streams` names the streams the rows belong to when a step covers only some of
+        them (one env group of one runner); default: all, in order.
         """
-        valid = np.ones(self.num_envs, bool) if valid is None else np.asarray(valid, bool)
-        skipped = np.flatnonzero(~valid & (self._count > 0))
-        self._data["end"][skipped, self._physical(skipped, self._count[skipped] - 1)] = True
-        envs = np.flatnonzero(valid)
+        streams = np.arange(self.num_envs) if streams is None else np.asarray(streams)
+        valid = np.ones(len(streams), bool) if valid is None else np.asarray(valid, bool)
+        self.cut(streams[~valid])
+        rows = np.flatnonzero(valid)
+        envs = streams[rows]
         terminated = np.asarray(terminated, bool)
         step = {
             "obs": obs,
@@ -199,9 +209,45 @@ class ReplayBuffer:
         full = self._count[envs] >= self._env_capacity[envs]
         slots = self._physical(envs, self._count[envs])
         for key, value in step.items():
-            self._data[key][envs, slots] = np.asarray(value)[envs]
+            self._data[key][envs, slots] = np.asarray(value)[rows]
         self._start[envs] = (self._start[envs] + full) % self._slots
         self._count[envs] += ~full
+
+    def cut(self, streams: np.ndarray) -> None:
+        """End every fold at these streams' newest stored step: what comes next is unrelated.
+
+        For an autoreset step, and for a stream whose env runner was replaced (its
+        next transition starts a fresh episode the old one never led to).
+        """
+        streams = np.asarray(streams, np.int64)
+        streams = streams[self._count[streams] > 0]
+        self._data["end"][streams, self._physical(streams, self._count[streams] - 1)] = True
+
+    def add_unroll(self, unroll: Mapping[str, np.ndarray], streams: np.ndarray) -> int:
+        """Store the T transitions of each env column of a time-major unroll; returns how many.
+
+        An unroll (platform.unrolls) holds `obs [T+1, n]`, `is_first [T+1, n]` and
+        `action`, `reward`, `terminated`, `truncated` (and `policy_action`) `[T, n]`, so
+        transition t is `(obs[t], action[t], reward[t], obs[t+1])`, valid unless
+        `obs[t+1]` starts an episode (the NEXT_STEP autoreset step). Where `obs[0]`
+        starts an episode, the stream is cut first: after an episode end the cut is
+        already there; after an env runner restart it is what separates the streams.
+        """
+        self.cut(np.asarray(streams)[unroll["is_first"][0]])
+        valid = ~unroll["is_first"][1:]
+        for t in range(len(unroll["action"])):
+            self.add(
+                unroll["obs"][t],
+                unroll["action"][t],
+                unroll["reward"][t],
+                unroll["terminated"][t],
+                unroll["truncated"][t],
+                unroll["obs"][t + 1],
+                valid[t],
+                unroll["policy_action"][t] if "policy_action" in unroll else None,
+                streams,
+            )
+        return int(valid.sum())
 
     def sample(self, batch_size: int, n_step: int | None = None) -> dict[str, np.ndarray]:
         """A uniform batch of stored transitions, each folded over up to `n_step` steps.

@@ -27,6 +27,7 @@ from rlfabric.architectures import ARCHITECTURES, ArchConfig
 from rlfabric.envs import EnvConfig
 from rlfabric.models import ModelConfig
 from rlfabric.platform.errors import SpecError
+from rlfabric.sparse.config import SparseConfig
 
 #: Frame budget of a run whose spec names no stop condition (besides the env's
 #: registered reward threshold, which also applies then).
@@ -35,20 +36,6 @@ DEFAULT_ENV_FRAMES = 5_000_000
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SparseConfig(_Section):
-    """Sparse training (RLx2). Only the dense setting is available so far."""
-
-    actor: float = Field(0.0, ge=0, lt=1, description="actor sparsity (fraction of zero weights)")
-    critic: float = Field(0.0, ge=0, lt=1, description="critic sparsity (fraction of zero weights)")
-
-    @field_validator("actor", "critic")
-    @classmethod
-    def _dense_only(cls, value: float) -> float:
-        if value:
-            raise ValueError(f"sparse training is not available yet (got {value}); allowed: 0.0")
-        return value
 
 
 class ResourcesConfig(_Section):
@@ -93,6 +80,12 @@ class RunConfig(_Section):
         60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
     )
     keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
+    checkpoint_replay_mb: float = Field(
+        1024,
+        ge=0,
+        description="checkpoints hold the replay buffer's contents up to this many MiB; past "
+        "it only its parameters, and a resumed run warms the buffer up again",
+    )
     display: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
     )

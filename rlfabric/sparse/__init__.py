@@ -1,8 +1,11 @@
 """RLx2 dynamic sparse training: masks, ERK/uniform densities, RigL/SET topology, FLOPs.
 
 Pure torch; wraps any ``nn.Module`` and its optimizer (see :class:`SparseTrainer`).
+:class:`SparseConfig` is the spec's ``sparse`` section; algorithms apply it through
+``Algorithm.sparsify``.
 """
 
+from rlfabric.sparse.config import SparseConfig
 from rlfabric.sparse.distribution import layer_active_counts, layer_densities, sparsifiable_layers
 from rlfabric.sparse.flops import ForwardFlops, LayerFlops, forward_flops, training_flops
 from rlfabric.sparse.topology import drop_and_grow, drop_fraction, is_update_step
@@ -11,6 +14,7 @@ from rlfabric.sparse.trainer import SparseTrainer
 __all__ = [
     "ForwardFlops",
     "LayerFlops",
+    "SparseConfig",
     "SparseTrainer",
     "drop_and_grow",
     "drop_fraction",

@@ -1,0 +1,90 @@
+"""Evaluate a policy on fresh envs: one whole episode per env, greedy by default.
+
+Training returns are those of the exploring policy (SAC's samples, TD3's
+noise, the random warm-up) averaged over a window that trails the run;
+evaluation answers what the policy does now. Each of the `episodes` envs
+plays exactly its first episode, so short episodes are not over-counted (the
+first N finishes of fewer envs would favour them). Atari games are played
+whole, without the training's episodic life.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlfabric.algorithms import Algorithm
+from rlfabric.envs import EnvConfig, describe_env, make_vector_env
+from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
+from rlfabric.platform.errors import CheckpointError
+from rlfabric.platform.learner import make_algorithm
+from rlfabric.platform.spec import ExperimentSpec
+
+
+@dataclass
+class Evaluation:
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        return float(self.returns.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.returns.std())
+
+
+def evaluate(
+    algorithm: Algorithm,
+    env_cfg: EnvConfig,
+    episodes: int = 10,
+    *,
+    deterministic: bool = True,
+    seed: int = 1_000_003,
+) -> Evaluation:
+    """Play `episodes` episodes, one per env, with `algorithm.act` (deterministic: its mode).
+
+    The default seed keeps evaluation episodes apart from the training envs' seeds.
+    """
+    cfg = env_cfg.model_copy(
+        update={"atari": env_cfg.atari.model_copy(update={"episodic_life": False})}
+    )
+    envs = make_vector_env(cfg, episodes, seed)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        state = algorithm.initial_state(episodes)
+        first = np.ones(episodes, bool)  # the observation starts an episode
+        autoreset = np.zeros(episodes, bool)  # NEXT_STEP: this step only resets the env
+        running, steps = np.zeros(episodes), np.zeros(episodes, np.int64)
+        returns, lengths = np.full(episodes, np.nan), np.zeros(episodes, np.int64)
+        while np.isnan(returns).any():
+            action, _, state = algorithm.act(obs, state, first, deterministic=deterministic)
+            obs, reward, terminated, truncated, _ = envs.step(action)
+            counted = ~autoreset
+            running += np.where(counted, reward, 0.0)
+            steps += counted
+            ended = (terminated | truncated) & counted & np.isnan(returns)
+            returns[ended], lengths[ended] = running[ended], steps[ended]
+            first, autoreset = autoreset, terminated | truncated
+        return Evaluation(returns, lengths)
+    finally:
+        envs.close()
+
+
+def load_policy(logdir: str | Path) -> tuple[ExperimentSpec, Algorithm]:
+    """The spec of the run in `logdir` and its algorithm with the newest checkpoint loaded."""
+    logdir = Path(logdir)
+    if not (logdir / "spec.yaml").is_file():
+        raise CheckpointError(f"{str(logdir)!r} is not a run folder: it has no spec.yaml")
+    checkpoints = list_checkpoints(logdir / "checkpoints")
+    if not checkpoints:
+        raise CheckpointError(f"run folder {str(logdir)!r} holds no checkpoint")
+    spec = ExperimentSpec.from_yaml(logdir / "spec.yaml")
+    env_info = describe_env(spec.env)
+    budget = spec.stop_conditions(env_info.reward_threshold).env_frames
+    algorithm = make_algorithm(spec, env_info, budget)
+    algorithm.load_state_dict(load_checkpoint(checkpoints[-1])["algorithm"])
+    return spec, algorithm

@@ -1,0 +1,236 @@
+"""Replay learning inside a learner process: unrolls in, updates out at a fixed ratio.
+
+Architectures move experience the same way for every algorithm: SEED's learner
+assembles unrolls from requests, IMPALA and GA3C runners ship them. For a
+replay algorithm (SAC, TD3) the learner process stores their transitions in a
+`ReplayBuffer` instead of queueing batches, and its trainer threads sample
+and update. One buffer stream per env (runner index x env), so n-step folds
+follow each env's own sequence.
+
+The update-to-data ratio is kept exactly, however fast envs step: once
+`warmup_steps` transitions are stored (and one batch's worth), the learner owes
+`updates_per_step` updates per stored transition (CleanRL's loop: one update
+per agent step after `learning_starts`). Trainers update while updates are
+owed; producers (the threads that add unrolls) wait while the trainers are
+more than one unroll behind. That wait is the replay path's backpressure, as
+the bounded batch queue is the trajectory path's: it keeps the data the policy
+learns from no older than one unroll.
+
+RLx2's dynamic capacity (`platform.replay.DynamicCapacity`) runs in the
+trainer, between updates, every `buffer_check_every` stored transitions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rlfabric.platform.env_runner import group_sizes
+from rlfabric.platform.replay import CAPACITY_BOUNDS, DynamicCapacity, ReplayBuffer
+
+if TYPE_CHECKING:
+    from rlfabric.envs import EnvInfo
+    from rlfabric.platform.learner import Learner
+    from rlfabric.platform.spec import ExperimentSpec
+
+
+class StreamMap:
+    """Buffer streams of each (runner index, group) key: one per env, runner-major."""
+
+    def __init__(self, num_runners: int, num_envs: int, num_groups: int) -> None:
+        self.num_streams = num_runners * num_envs
+        self.num_envs = num_envs
+        sizes = group_sizes(num_envs, num_groups)
+        starts = np.cumsum([0, *sizes])
+        self._groups = [np.arange(starts[g], starts[g + 1]) for g in range(num_groups)]
+
+    def __call__(self, key: tuple[int, int]) -> np.ndarray:
+        runner, group = key
+        return runner * self.num_envs + self._groups[group]
+
+
+class ReplayFeed:
+    """The ReplayBuffer of one learner, fed with unrolls, drained by `train_step`.
+
+    `update_lock` is the learner process's: updates, the capacity check (a
+    forward pass) and checkpoints never overlap. The buffer has its own lock,
+    held briefly by adds, samples and checkpoints.
+    """
+
+    def __init__(
+        self,
+        learner: Learner,
+        spec: ExperimentSpec,
+        env_info: EnvInfo,
+        streams: StreamMap,
+        update_lock: threading.Lock,
+    ) -> None:
+        cfg = spec.algo
+        self.learner = learner
+        self.cfg = cfg
+        self.streams = streams
+        self.update_lock = update_lock
+        self.dynamic: DynamicCapacity | None = None
+        if cfg.dynamic_buffer:
+            low = cfg.buffer_min_capacity or CAPACITY_BOUNDS[cfg.name][0]
+            self.dynamic = DynamicCapacity(
+                min_capacity=min(low, cfg.buffer_capacity),
+                max_capacity=cfg.buffer_capacity,
+                check_every=cfg.buffer_check_every,
+                threshold=cfg.buffer_threshold,
+                oldest_k=8 * cfg.batch_size,
+            )
+        self.buffer = ReplayBuffer.from_spaces(
+            env_info.observation_space,
+            env_info.action_space,
+            capacity=cfg.buffer_capacity,
+            num_envs=streams.num_streams,
+            gamma=cfg.gamma,
+            store_policy_action=self.dynamic is not None,
+            seed=spec.run.seed,
+        )
+        self.stored = 0  # transitions stored since the run began (resumes included)
+        self.policy_distance = float("nan")
+        self._checked_at = 0  # `stored` at the last capacity check
+        # Where the ratio counts from: (stored, updates) when warm-up began (see load_state_dict).
+        self._origin = (0, 0)
+        self._cond = threading.Condition()
+
+    # -- the ratio ------------------------------------------------------------------
+    def _owed(self, stored: int) -> int:
+        """Updates owed once `stored` transitions are in (caller holds `_cond`)."""
+        cfg = self.cfg
+        since = stored - self._origin[0]
+        if since < cfg.warmup_steps or len(self.buffer) < cfg.batch_size:
+            return 0
+        done = self.learner.counters["updates"] - self._origin[1]
+        return math.floor((since - cfg.warmup_steps) * cfg.updates_per_step) - done
+
+    def owed(self) -> int:
+        with self._cond:
+            return self._owed(self.stored)
+
+    # -- producers --------------------------------------------------------------------
+    def add_unroll(
+        self, unroll: dict[str, np.ndarray], key: tuple[int, int], stopping: threading.Event
+    ) -> bool:
+        """Store an unroll's transitions once the trainers are at most one unroll behind.
+
+        Returns False (storing nothing) once `stopping` is set.
+        """
+        transitions = math.prod(unroll["reward"].shape)
+        ahead = math.ceil(transitions * self.cfg.updates_per_step)
+        with self._cond:
+            while self._owed(self.stored) > ahead:
+                if stopping.is_set():
+                    return False
+                self._cond.wait(0.1)
+            self.stored += self.buffer.add_unroll(unroll, self.streams(key))
+            self._cond.notify_all()
+        return True
+
+    # -- trainers ---------------------------------------------------------------------
+    def train_step(self, timeout: float = 0.1) -> bool:
+        """One update if one is owed (waiting up to `timeout` for one); True if it ran."""
+        with self._cond:
+            if self._owed(self.stored) <= 0:
+                self._cond.wait(timeout)
+                if self._owed(self.stored) <= 0:
+                    return False
+        with self.update_lock:
+            with self._cond:
+                if self._owed(self.stored) <= 0:  # another trainer took it
+                    return False
+                batch = self.buffer.sample(self.cfg.batch_size, self.learner.algorithm.n_step)
+            self.learner.update(batch)
+            self._check_capacity()
+        with self._cond:
+            self._cond.notify_all()
+        return True
+
+    def _check_capacity(self) -> None:
+        """RLx2: shrink the buffer when its oldest data left the current policy behind."""
+        dynamic = self.dynamic
+        if dynamic is None:
+            return
+        with self._cond:
+            stored = self.stored
+            if not dynamic.due(self._checked_at, stored) or len(self.buffer) == 0:
+                return
+            self._checked_at = stored
+            obs, stored_actions = self.buffer.oldest(dynamic.oldest_k)
+        space = self.learner.algorithm.action_space
+        policy = self.learner.algorithm.act(obs, deterministic=True)[0]
+        half_range = (space.high - space.low) / 2
+        self.policy_distance = float(np.mean(np.square((policy - stored_actions) / half_range)) / 2)
+        with self._cond:
+            dynamic.update(self.buffer, self.policy_distance)
+
+    # -- reporting and checkpoints --------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        with self._cond:
+            out = {
+                "replay_size": float(len(self.buffer)),
+                "replay_capacity": float(self.buffer.capacity),
+                "replay_stored": float(self.stored),
+                "updates_owed": float(self._owed(self.stored)),
+                "n_step": float(self.learner.algorithm.n_step),
+            }
+        if self.dynamic is not None:
+            out["policy_distance"] = self.policy_distance
+        return out
+
+    def state_dict(self, max_bytes: int) -> dict[str, Any]:
+        """Counters, the buffer's parameters and RNG, and its contents if under `max_bytes`.
+
+        Arrays become tensors and the RNG state (128-bit integers) a JSON string, so
+        that `torch.load(weights_only=True)` reads the checkpoint.
+        """
+        with self._cond:
+            contents = self.buffer.nbytes <= max_bytes
+            state = self.buffer.state_dict(contents=contents)
+            state["rng"] = json.dumps(state["rng"])
+            return {
+                "stored": self.stored,
+                "checked_at": self._checked_at,
+                "contents": contents,
+                "buffer": _to_torch(state),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore after the Learner; the updates still owed at the save are forgiven.
+
+        With contents, learning goes on at once. Without, the buffer warms up
+        again (`warmup_steps` new transitions, acted by the current policy)
+        before updates resume, so that they never sample a handful of transitions.
+        """
+        buffer_state = _to_numpy(state["buffer"])
+        buffer_state["rng"] = json.loads(buffer_state["rng"])
+        with self._cond:
+            self.buffer.load_state_dict(buffer_state)
+            self.stored = int(state["stored"])
+            self._checked_at = int(state["checked_at"])
+            updates = self.learner.counters["updates"]
+            warm = self.cfg.warmup_steps if state["contents"] else 0
+            self._origin = (self.stored - warm, updates)
+
+
+def _to_torch(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {k: _to_torch(v) for k, v in value.items()}
+    return value
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {k: _to_numpy(v) for k, v in value.items()}
+    return value

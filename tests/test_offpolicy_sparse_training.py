@@ -1,0 +1,98 @@
+"""End to end: SAC and TD3 through the replay path of every architecture; sparse training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_training import FAST_VTRACE
+
+from rlfabric import Platform
+from rlfabric.platform.checkpoint import load_checkpoint
+from rlfabric.platform.evaluate import evaluate, load_policy
+
+#: Pendulum settings that learn within seconds (BENCHMARKS.md has the default-settings runs).
+FAST = {"hidden": [64, 64], "lr": 1e-3, "warmup_steps": 1000}
+PENDULUM = {"id": "Pendulum-v1", "num_envs": 2}
+RANDOM_PENDULUM_RETURN = -1230.0  # mean return of the uniform random policy, 1000 episodes
+
+
+def _fit(tmp_path: Path, arch: str, algo: dict, steps: int, **sections):
+    run = {"stop": {"env_frames": steps}, "display": "none", "logdir": str(tmp_path)}
+    run.update(sections.pop("run", {}))
+    return Platform(arch=arch, algo=algo, env=PENDULUM, run=run, **sections).fit()
+
+
+def _records(result) -> list[dict]:
+    lines = (Path(result.logdir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_seed_learns_pendulum(tmp_path, ray_session, algo):
+    result = _fit(tmp_path, "seed", {"name": algo, **FAST}, 8_000)
+    m = result.metrics
+    # One update per stored transition after the warm-up, within one unroll per group.
+    assert m["updates"] <= m["replay_stored"] - 1000
+    assert m["updates"] >= m["replay_stored"] - 1000 - 2 * 8
+    assert m["replay_size"] == m["replay_stored"]
+    # The training window still holds the random warm-up; the greedy policy is far better.
+    assert m["episode_return_mean"] > RANDOM_PENDULUM_RETURN
+    _, policy = load_policy(result.logdir)
+    evaluation = evaluate(policy, Platform(env=PENDULUM).spec.env, episodes=5)
+    assert evaluation.mean > RANDOM_PENDULUM_RETURN / 2, evaluation.returns
+
+
+@pytest.mark.parametrize("arch", ["impala", "ga3c"])
+def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
+    """RLx2 under both: the ratio holds, and the checkpointed networks are exactly sparse."""
+    algo = {"name": "td3", **FAST, "warmup_steps": 500, "updates_per_step": 0.5}
+    sparse = {"actor": 0.9, "critic": 0.85, "delta": 100}  # topology updates every 100 steps
+    result = _fit(tmp_path, arch, algo, 2_500, sparse=sparse)
+    m = result.metrics
+    assert m["env_frames"] >= 2_500
+    owed = (m["replay_stored"] - 500) * 0.5
+    assert owed - 8 <= m["updates"] <= owed  # ratio kept; trainers at most one unroll behind
+    assert "critic_loss" in {k for r in _records(result) for k in r}
+    assert m["sparsity_actor"] == pytest.approx(0.9, abs=0.005)
+    assert m["sparsity_critic"] == pytest.approx(0.85, abs=0.005)
+    assert m["inference_flops_fraction"] < 0.2 and m["train_flops_fraction"] < 0.3
+    state = load_checkpoint(Path(result.checkpoint))["algorithm"]
+    masks = state["sparse"]["actor"]["masks"]
+    weights = state["networks"]["actor"]
+    assert state["sparse"]["actor"]["step_count"] > 300  # three topology updates or more
+    for name, mask in masks.items():
+        weight = weights[f"{name}.weight"]
+        assert not weight[~mask].any(), name  # dropped connections are exactly zero
+
+
+def test_local_resume_keeps_the_replay_buffer(tmp_path):
+    algo = {"name": "sac", **FAST, "warmup_steps": 200, "batch_size": 64}
+    first = _fit(tmp_path, "local", algo, 1_000, run={"name": "resumable"})
+    state = load_checkpoint(Path(first.checkpoint))
+    assert state["replay"]["contents"]
+    assert state["replay"]["stored"] == first.metrics["replay_stored"]
+    second = Platform.resume(first.logdir, ["run.stop.env_frames=1600"]).fit()
+    records = _records(second)
+    resumed = [r for r in records if r["env_frames"] > first.metrics["env_frames"]]
+    assert resumed and resumed[0]["replay_size"] > first.metrics["replay_size"]
+    assert second.metrics["updates"] > first.metrics["updates"]
+    # Partial unrolls (up to 8 steps per group) are lost at the save and pending at the end.
+    assert second.metrics["replay_stored"] >= 1_600 - 4 * 8
+
+
+def test_sparsity_wraps_an_on_policy_model_too(tmp_path):
+    """V-trace's shared actor-critic at 90% sparsity, RigL updates every 50 steps, learns."""
+    run = {"stop": {"env_frames": 150_000}, "display": "none", "logdir": str(tmp_path)}
+    result = Platform(
+        arch="local",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 64},
+        sparse={"actor": 0.9, "delta": 50},
+        run=run,
+    ).fit()
+    m = result.metrics
+    assert m["sparsity_actor"] == pytest.approx(0.9, abs=0.001)
+    assert m["inference_flops_fraction"] == pytest.approx(0.1, abs=0.01)
+    assert m["episode_return_mean"] > 3 * 22.0  # random CartPole: 22
