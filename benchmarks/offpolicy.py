@@ -108,7 +108,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "eval_return": evaluation.mean,
         "reached": reached,
         "sparsity": (m.get("sparsity_actor", 0.0), m.get("sparsity_critic", 0.0)),
-        "params": m.get("params_actor", 0) + m.get("params_critic", 0),
+        "params": int(m.get("params_actor", 0) + m.get("params_critic", 0)),
         "inference_flops": m.get("inference_flops_fraction", 1.0),
         "train_flops": m.get("train_flops_fraction", 1.0),
     }

@@ -67,6 +67,16 @@ def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
         assert not weight[~mask].any(), name  # dropped connections are exactly zero
 
 
+def test_replay_buffer_in_its_own_actor(tmp_path, ray_session):
+    algo = {"name": "sac", **FAST, "warmup_steps": 300, "batch_size": 64}
+    result = _fit(tmp_path, "seed", algo, 1_500, resources={"replay_actor": True})
+    m = result.metrics
+    assert m["replay_size"] == m["replay_stored"] >= 1_500 - 4 * 8
+    assert m["replay_stored"] - 300 - 2 * 8 <= m["updates"] <= m["replay_stored"] - 300
+    state = load_checkpoint(Path(result.checkpoint))["replay"]
+    assert state["contents"] and state["buffer"]["count"].sum() == m["replay_size"]
+
+
 def test_local_resume_keeps_the_replay_buffer(tmp_path):
     algo = {"name": "sac", **FAST, "warmup_steps": 200, "batch_size": 64}
     first = _fit(tmp_path, "local", algo, 1_000, run={"name": "resumable"})

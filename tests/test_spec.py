@@ -139,6 +139,11 @@ def test_an_architecture_refuses_data_it_cannot_feed(monkeypatch):
         Platform(arch="seed", algo="sac", env="Pendulum-v1")
 
 
+def test_a_replay_actor_needs_ray():
+    with pytest.raises(SpecError, match=r"resources.replay_actor=true needs a Ray architecture"):
+        Platform(arch="local", algo="sac", env="Pendulum-v1", resources={"replay_actor": True})
+
+
 def test_sparse_roles_and_budget_are_checked_before_anything_starts():
     with pytest.raises(SpecError, match=r"sparse.critic=0.5.*roles: actor"):
         Platform(arch="seed", algo="vtrace", env="CartPole-v1", sparse={"critic": 0.5})

@@ -100,6 +100,8 @@ class Algorithm(ABC):
         self.device = torch.device(device)
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
+        self.nonfinite_steps = 0
+        """Optimizer steps skipped because a gradient was NaN or inf."""
         self.sparse_trainers: dict[str, SparseTrainer] = {}
         """One trainer per role that trains sparse, set by `sparsify`."""
         self._roles: dict[str, SparseRole] | None = None
@@ -139,6 +141,15 @@ class Algorithm(ABC):
     @abstractmethod
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One learning step on a batch (see ARCHITECTURE.md's Batch contract)."""
+
+    def greedy_policy(self) -> nn.Module:
+        """A standalone torch module of the deterministic policy, for export.
+
+        `forward(obs)` -> action for a batch of observations as the env produces
+        them (any scaling, e.g. Atari's /255, is inside); a recurrent policy takes
+        `forward(obs, state, first)` and returns `(action, next_state)`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot export its policy")
 
     def expected_updates(self, agent_steps: int) -> int:
         """How many times a run of `agent_steps` agent steps calls `update()`."""
@@ -226,8 +237,15 @@ class Algorithm(ABC):
         """`optimizer.step()`, or its sparse trainer's step if it steps a sparse role.
 
         Returns False when a topology update took the step's place (RLx2 skips the
-        optimizer step then, `DST_Scheduler.__call__`).
+        optimizer step then, `DST_Scheduler.__call__`), or when a gradient is not
+        finite (a NaN or inf loss): that step is skipped and counted in
+        `nonfinite_steps`, so one bad batch cannot poison the weights.
         """
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            return False
         for name, trainer in self.sparse_trainers.items():
             if trainer.optimizer is optimizer:
                 stepped = trainer.step()

@@ -190,6 +190,13 @@ class OffPolicyAlgorithm(Algorithm):
         """Tanh units [-1, 1] to the Box bounds."""
         return action * self.action_scale + self.action_bias
 
+    def greedy_policy(self) -> nn.Module:
+        return _GreedyActor(self.deterministic_actor(), self.action_scale, self.action_bias)
+
+    def deterministic_actor(self) -> nn.Module:
+        """obs -> the deterministic action in tanh units (TD3's mu, SAC's tanh(mean))."""
+        raise NotImplementedError
+
     def from_env(self, action: Tensor) -> Tensor:
         """Box bounds to tanh units [-1, 1]."""
         return (action - self.action_bias) / self.action_scale
@@ -279,3 +286,16 @@ class OffPolicyAlgorithm(Algorithm):
             optimizer.load_state_dict(state["optimizers"][key])
         self.updates = int(state["updates"])
         self.load_sparse_state(state)
+
+
+class _GreedyActor(nn.Module):
+    """obs -> the deterministic action in the env's units (tanh units rescaled to the box)."""
+
+    def __init__(self, actor: nn.Module, scale: Tensor, bias: Tensor) -> None:
+        super().__init__()
+        self.actor = actor
+        self.register_buffer("scale", scale.clone())
+        self.register_buffer("bias", bias.clone())
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.actor(obs) * self.scale + self.bias

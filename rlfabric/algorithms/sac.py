@@ -100,6 +100,9 @@ class SAC(OffPolicyAlgorithm):
         }
         self.optimizer = self.optimizers["actor"]
 
+    def deterministic_actor(self) -> nn.Module:
+        return _TanhMean(self.actor)
+
     @property
     def alpha(self) -> Tensor:
         return self.log_alpha.detach().exp()
@@ -170,3 +173,14 @@ class SAC(OffPolicyAlgorithm):
         super().load_state_dict(state)
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
+
+
+class _TanhMean(nn.Module):
+    """SAC's deterministic action, tanh(mean), in tanh units."""
+
+    def __init__(self, actor: TanhGaussianActor) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.actor(obs)[0])

@@ -81,6 +81,9 @@ class TD3(OffPolicyAlgorithm):
         }
         self.optimizer = self.optimizers["actor"]
 
+    def deterministic_actor(self) -> nn.Module:
+        return self.actor
+
     def actor_targets(self) -> list[nn.Module]:
         return [self.actor_target]
 

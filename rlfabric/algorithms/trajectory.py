@@ -159,6 +159,9 @@ class ActorCriticAlgorithm(Algorithm):
         next_state = None if state_out is None else state_out.cpu().numpy()
         return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, next_state
 
+    def greedy_policy(self) -> torch.nn.Module:
+        return _GreedyActorCritic(self.model)
+
     def initial_state(self, num_envs: int) -> np.ndarray | None:
         if not self.model.recurrent:
             return None
@@ -202,3 +205,21 @@ class ActorCriticAlgorithm(Algorithm):
                 steps_per_update=Fraction(self.optimizer_steps_per_update()),
             )
         }
+
+
+class _GreedyActorCritic(torch.nn.Module):
+    """The mode of the policy head: obs [N, ...] -> action, or with an LSTM
+    (obs, state [N, 2, H], first [N]) -> (action, next state)."""
+
+    def __init__(self, model: ActorCritic) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, obs: Tensor, state: Tensor | None = None, first: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        params, _, next_state = self.model.unroll(
+            obs[None], None if first is None else first[None], state
+        )
+        action = self.model.mode(params[0])
+        return action if next_state is None else (action, next_state)

@@ -24,11 +24,13 @@ from pydantic import Field
 
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.base import ArchConfig, Architecture
+from rlfabric.architectures.replay_actor import RemoteReplayBuffer
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.autotune import DynamicAdjuster
 from rlfabric.platform.env_runner import EnvRunner
 from rlfabric.platform.errors import RLFabricError
 from rlfabric.platform.learner import Learner
+from rlfabric.platform.replay import ReplayBuffer
 from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
 from rlfabric.platform.unrolls import BatchBuilder
 from rlfabric.platform.workers import ThreadPool
@@ -100,7 +102,14 @@ class LearnerProcess:
             streams = StreamMap(
                 spec.resources.num_env_runners, spec.env.num_envs, spec.arch.env_groups
             )
-            self.replay = ReplayFeed(self.learner, spec, env_info, streams, self._update_lock)
+            factory = (
+                RemoteReplayBuffer.from_spaces
+                if spec.resources.replay_actor
+                else ReplayBuffer.from_spaces
+            )
+            self.replay = ReplayFeed(
+                self.learner, spec, env_info, streams, self._update_lock, factory
+            )
             if state is not None and "replay" in state:
                 self.replay.load_state_dict(state["replay"])
         self.replay_checkpoint_bytes = int(spec.run.checkpoint_replay_mb * 2**20)
@@ -146,6 +155,10 @@ class LearnerProcess:
         return [self.trainers]
 
     # -- called by the driver -----------------------------------------------------
+    def ready(self) -> bool:
+        """Answers once the constructor has finished (the driver waits for it)."""
+        return True
+
     def metrics(self) -> dict[str, float]:
         for pool in self.pools():
             if pool.error is not None:
@@ -171,6 +184,8 @@ class LearnerProcess:
         self._stopping.set()
         for pool in self.pools():
             pool.stop()
+        if isinstance(getattr(self.replay, "buffer", None), RemoteReplayBuffer):
+            self.replay.buffer.close()
 
 
 class RayEnvRunner(EnvRunner):
@@ -340,9 +355,23 @@ class LearnerAndRunners(Architecture):
             )
             .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
         )
+        self._wait_until_started(self.learner, "learner")
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
         self._start_autotune()
+
+    @staticmethod
+    def _wait_until_started(actor: Any, role: str, timeout_s: float = 120.0) -> None:
+        """Fail with the cluster's resources rather than wait forever for an actor that
+        cannot be placed (it asks for more CPUs or GPUs than are free)."""
+        ready, _ = ray.wait([actor.ready.remote()], timeout=timeout_s)
+        if not ready:
+            raise RLFabricError(
+                f"the {role} actor did not start within {timeout_s:.0f} s; the cluster has "
+                f"{ray.cluster_resources()} with {ray.available_resources()} free. Lower "
+                "resources.learner_cpus / cpus_per_env_runner or add nodes"
+            )
+        ray.get(ready[0])  # raises the actor's own error if its constructor failed
 
     def step(self) -> dict[str, float]:
         time.sleep(self.spec.run.report_interval_s)

@@ -3,6 +3,8 @@
     rlfabric train SPEC.yaml [section.field=value ...]
     rlfabric train --resume runs/<name> [section.field=value ...]
     rlfabric spec show SPEC.yaml [section.field=value ...]
+    rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
+    rlfabric export runs/<name> [--format torchscript] [--out DIR]
 
 A user error (bad spec, unknown name, missing checkpoint) prints one
 paragraph and exits 2; its traceback goes to a log file, not the terminal.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 import traceback
@@ -102,6 +105,22 @@ def _parser() -> argparse.ArgumentParser:
         help="return for 'time to threshold' (default: the env's reward_threshold)",
     )
     bench.add_argument("--out", default="runs/bench", help="folder for runs, bench.json, bench.png")
+    evaluate = commands.add_parser("eval", help="evaluate a run's newest checkpoint")
+    evaluate.add_argument("logdir", help="the run's folder (runs/<name>)")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per env")
+    evaluate.add_argument(
+        "--stochastic", action="store_true", help="sample actions instead of the mode"
+    )
+    evaluate.add_argument("--video", action="store_true", help="record one more episode")
+    evaluate.add_argument("--seed", type=int, default=1_000_003, help="seed of the eval envs")
+    export = commands.add_parser("export", help="export a run's policy to run without rlfabric")
+    export.add_argument("logdir", help="the run's folder (runs/<name>)")
+    export.add_argument(
+        "--format",
+        default="torchscript",
+        help="comma-separated: torchscript, onnx (needs the onnx package)",
+    )
+    export.add_argument("--out", help="output folder (default: <logdir>/export)")
     spec_cmd = commands.add_parser("spec", help="inspect specs")
     spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
     show = spec_sub.add_parser("show", help="print the fully resolved spec with defaults")
@@ -166,6 +185,47 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from rlfabric.platform.evaluate import evaluate, load_policy, record_video
+
+    if args.episodes < 1:
+        raise RLFabricError(f"--episodes must be at least 1, got {args.episodes}")
+    if args.video:  # MuJoCo picks its OpenGL backend at import: headless EGL unless told
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    spec, algorithm = load_policy(args.logdir)
+    deterministic = not args.stochastic
+    result = evaluate(
+        algorithm, spec.env, args.episodes, deterministic=deterministic, seed=args.seed
+    )
+    mode = "greedy" if deterministic else "stochastic"
+    print(
+        f"{spec.env.id}, {mode} policy, {args.episodes} episodes: return {result.mean:.2f} "
+        f"+- {result.std:.2f} (min {result.returns.min():.2f}, max {result.returns.max():.2f}), "
+        f"length {result.lengths.mean():.1f}"
+    )
+    if args.video:
+        path, total = record_video(
+            algorithm,
+            spec.env,
+            Path(args.logdir) / "eval_episode",
+            deterministic=deterministic,
+            seed=args.seed,
+        )
+        print(f"video: {path} (return {total:.2f})")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rlfabric.platform.evaluate import load_policy
+    from rlfabric.platform.export import export_policy
+
+    spec, algorithm = load_policy(args.logdir)
+    out = Path(args.out) if args.out else Path(args.logdir) / "export"
+    for path in export_policy(spec, algorithm, out, tuple(args.format.split(","))):
+        print(f"wrote {path}")
+    return 0
+
+
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.platform.spec import ExperimentSpec
 
@@ -175,7 +235,13 @@ def _spec_show(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers: dict[str, Any] = {"train": _train, "spec": _spec_show, "bench": _bench}
+    handlers: dict[str, Any] = {
+        "train": _train,
+        "spec": _spec_show,
+        "bench": _bench,
+        "eval": _eval,
+        "export": _export,
+    }
     console = logging.StreamHandler()
     console.setLevel(logging.WARNING)  # INFO goes to the run's run.log only
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -10,15 +10,18 @@ whole, without the training's episodic life.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rlfabric.algorithms import Algorithm
 from rlfabric.envs import EnvConfig, describe_env, make_vector_env
+from rlfabric.envs.config import find_spec, is_atari
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
-from rlfabric.platform.errors import CheckpointError
+from rlfabric.platform.errors import CheckpointError, RLFabricError
 from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.spec import ExperimentSpec
 
@@ -88,3 +91,68 @@ def load_policy(logdir: str | Path) -> tuple[ExperimentSpec, Algorithm]:
     algorithm = make_algorithm(spec, env_info, budget)
     algorithm.load_state_dict(load_checkpoint(checkpoints[-1])["algorithm"])
     return spec, algorithm
+
+
+def record_video(
+    algorithm: Algorithm,
+    env_cfg: EnvConfig,
+    path: Path,
+    *,
+    deterministic: bool = True,
+    seed: int = 1_000_003,
+    max_steps: int = 5_000,
+    fps: int = 30,
+) -> tuple[Path, float]:
+    """Play one episode and write it as a GIF (or MP4 when imageio-ffmpeg is installed).
+
+    Frames are the env's own `rgb_array` renders; Atari envs (ale-py's vector env
+    does not render) show what the agent sees, the newest frame of each stack,
+    enlarged 3x. Returns the file written and the episode's return.
+    """
+    import imageio.v3 as iio
+
+    atari = is_atari(find_spec(env_cfg.id))
+    cfg = env_cfg.model_copy(
+        update={
+            "atari": env_cfg.atari.model_copy(update={"episodic_life": False}),
+            "kwargs": env_cfg.kwargs if atari else {**env_cfg.kwargs, "render_mode": "rgb_array"},
+        }
+    )
+    envs = make_vector_env(cfg, 1, seed)
+    frames, total = [], 0.0
+    try:
+        obs, _ = envs.reset(seed=seed)
+        state = algorithm.initial_state(1)
+        first = np.ones(1, bool)
+        for _ in range(max_steps):
+            if atari:
+                frame = np.asarray(obs[0][-1])
+                frames.append(np.repeat(np.repeat(frame, 3, axis=0), 3, axis=1))
+            else:
+                frames.append(_render(envs, env_cfg.id))
+            action, _, state = algorithm.act(obs, state, first, deterministic=deterministic)
+            obs, reward, terminated, truncated, _ = envs.step(action)
+            total += float(reward[0])
+            first = np.zeros(1, bool)
+            if terminated[0] or truncated[0]:
+                break
+    finally:
+        envs.close()
+    if importlib.util.find_spec("imageio_ffmpeg") is not None:
+        path = path.with_suffix(".mp4")
+        iio.imwrite(path, np.stack(frames), fps=fps)
+    else:
+        path = path.with_suffix(".gif")
+        iio.imwrite(path, np.stack(frames), duration=1000 / fps, loop=0)
+    return path, total
+
+
+def _render(envs: Any, env_id: str) -> np.ndarray:
+    """Env 0's `rgb_array` frame, or a clear error naming what rendering needs."""
+    try:
+        return np.asarray(envs.render()[0])
+    except Exception as err:  # pygame missing, no OpenGL: a message, not a traceback
+        raise RLFabricError(
+            f"cannot render {env_id} for a video ({type(err).__name__}: {err}). Classic "
+            "control needs pygame; MuJoCo without a display needs MUJOCO_GL=egl or osmesa"
+        ) from err

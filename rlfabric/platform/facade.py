@@ -60,6 +60,11 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
             make_algorithm(spec, env_info, budget)
     except (ValueError, UnsupportedSpaceError) as err:
         raise SpecError(f"{spec.env.id} with algo '{spec.algo.name}': {err}") from None
+    if spec.resources.replay_actor and not arch_cls.uses_ray:
+        raise SpecError(
+            f"resources.replay_actor=true needs a Ray architecture; arch '{spec.arch.name}' "
+            "runs in one process (allowed: false)"
+        )
     if algo_cls.data not in arch_cls.data_kinds:
         raise SpecError(
             f"arch '{spec.arch.name}' cannot feed algorithm '{spec.algo.name}' "

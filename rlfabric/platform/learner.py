@@ -9,6 +9,8 @@ env_frames = agent_steps x frameskip (Atari's action repeat).
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 import threading
 import time
@@ -21,10 +23,13 @@ import torch
 from rlfabric.algorithms import ALGORITHMS, Algorithm
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.acting import UniformActions
+from rlfabric.platform.errors import RLFabricError
 from rlfabric.platform.stats import IntervalStats
 
 if TYPE_CHECKING:
     from rlfabric.platform.spec import ExperimentSpec
+
+log = logging.getLogger(__name__)
 
 COUNTERS = (
     "env_frames",  # emulator frames: agent_steps x frameskip
@@ -35,6 +40,7 @@ COUNTERS = (
     "env_requests",  # group vector steps received: one remote call each under SEED
     "env_vector_steps",  # env steps received, autoreset steps included
     "weight_syncs",  # weight versions loaded by env runners (IMPALA)
+    "skipped_updates",  # updates with a NaN/inf loss or gradient, whose steps were skipped
 )
 
 
@@ -96,6 +102,8 @@ class Learner:
         self.returns: deque[float] = deque(maxlen=100)
         self.lengths: deque[int] = deque(maxlen=100)
         self.stats = IntervalStats()
+        self.max_nonfinite_updates = spec.run.max_nonfinite_updates
+        self._nonfinite_in_row = 0
         self._lock = threading.Lock()  # counters and windows are touched by several threads
 
     @property
@@ -145,8 +153,15 @@ class Learner:
         if self.frame_budget:
             self.algorithm.set_progress(self.counters["env_frames"] / self.frame_budget)
         start = time.perf_counter()
+        skipped_before = self.algorithm.nonfinite_steps
         metrics = self.algorithm.update(batch)
         elapsed = time.perf_counter() - start
+        if self.algorithm.nonfinite_steps > skipped_before or not all(
+            math.isfinite(v) for v in metrics.values()
+        ):
+            self._skip(metrics)
+            return metrics
+        self._nonfinite_in_row = 0
         samples = batch["reward"].size  # [T, B] steps of unrolls, or [B] replay transitions
         with self._lock:
             self.counters["updates"] += 1
@@ -157,6 +172,22 @@ class Learner:
         self.stats.add_many({**metrics, "learner_step_ms": 1000.0 * elapsed})
         self.stats.add("learner_busy_s", elapsed)
         return metrics
+
+    def _skip(self, metrics: dict[str, float]) -> None:
+        """Count an update whose loss or gradient was not finite; stop after too many in a row."""
+        with self._lock:
+            self.counters["updates"] += 1
+            self.counters["skipped_updates"] += 1
+        self._nonfinite_in_row += 1
+        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        log.warning("update %d skipped: non-finite %s", self.counters["updates"], bad or "gradient")
+        if self._nonfinite_in_row >= self.max_nonfinite_updates:
+            raise RLFabricError(
+                f"{self._nonfinite_in_row} updates in a row had a NaN or inf loss or gradient "
+                f"(last: {bad or 'gradient'}); their steps were skipped, so the weights and the "
+                "last checkpoint are intact. Try a lower algo.lr, reward clipping or gradient "
+                f"clipping; run.max_nonfinite_updates={self.max_nonfinite_updates}"
+            )
 
     def metrics(self) -> dict[str, float]:
         """Counters, the return window and this interval's means."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,7 +70,10 @@ class ReplayFeed:
         env_info: EnvInfo,
         streams: StreamMap,
         update_lock: threading.Lock,
+        buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
     ) -> None:
+        """`buffer_factory` builds the buffer from the env's spaces: here by default, or
+        in its own actor (`architectures.replay_actor.RemoteReplayBuffer.from_spaces`)."""
         cfg = spec.algo
         self.learner = learner
         self.cfg = cfg
@@ -85,7 +89,7 @@ class ReplayFeed:
                 threshold=cfg.buffer_threshold,
                 oldest_k=8 * cfg.batch_size,
             )
-        self.buffer = ReplayBuffer.from_spaces(
+        self.buffer = buffer_factory(
             env_info.observation_space,
             env_info.action_space,
             capacity=cfg.buffer_capacity,

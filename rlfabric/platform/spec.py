@@ -58,6 +58,11 @@ class ResourcesConfig(_Section):
         "an embedded Ray on 127.0.0.1",
     )
     dashboard: bool = Field(False, description="start the Ray dashboard (on 127.0.0.1)")
+    replay_actor: bool = Field(
+        False,
+        description="off-policy: keep the replay buffer in its own Ray actor instead of the "
+        "learner's process (one remote call per stored unroll and per sampled batch)",
+    )
 
 
 class StopConfig(_Section):
@@ -80,6 +85,12 @@ class RunConfig(_Section):
         60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
     )
     keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
+    max_nonfinite_updates: int = Field(
+        10,
+        ge=1,
+        description="updates in a row with a NaN/inf loss or gradient (each skipped) before "
+        "the run stops with an error",
+    )
     checkpoint_replay_mb: float = Field(
         1024,
         ge=0,
