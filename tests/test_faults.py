@@ -80,3 +80,88 @@ def test_nan_losses_in_a_row_stop_the_run_with_a_clear_error(tmp_path):
     assert state["counters"]["skipped_updates"] == 5
     for value in state["algorithm"]["model"].values():
         assert torch.isfinite(value).all()
+
+
+def test_a_gpu_request_without_gpus_falls_back_to_cpu(tmp_path, ray_session, caplog):
+    run = {"stop": {"env_frames": 3_000}, "display": "none", "logdir": str(tmp_path)}
+    result = Platform(
+        arch="seed",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 8},
+        resources={"num_gpus_per_learner": 1},
+        run=run,
+    ).fit()
+    assert "num_gpus_per_learner=1.0 but the cluster has 0.0 GPUs" in caplog.text
+    assert result.metrics["learner_on_gpu"] == 0.0
+    assert result.metrics["updates"] > 0
+
+
+def test_runner_processes_killed_by_pid_are_replaced_and_learning_goes_on(ray_session, tmp_path):
+    import os
+    import signal
+
+    from rlfabric.architectures.seed import SeedArchitecture
+
+    platform = Platform(
+        arch="seed",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 32},
+        resources={"num_env_runners": 2},
+        run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
+    )
+    arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start()
+    try:
+        metrics = arch.step()
+        for kill in range(3):
+            pid = ray_session.get(arch.runners.runners[kill % 2].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(20):
+                metrics = arch.step()
+                if metrics["runner_restarts"] > kill:
+                    break
+            assert metrics["runner_restarts"] == kill + 1
+        while metrics["env_frames"] < 150_000:
+            metrics = arch.step()
+        assert metrics["dropped_unrolls"] >= 1  # partial unrolls of killed runners, counted
+        assert metrics["episode_return_mean"] > 3 * 22.0
+    finally:
+        arch.stop()
+
+
+def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path):
+    """SIGKILL the whole `rlfabric train` process group; `--resume` continues where it saved."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlfabric.platform.checkpoint import list_checkpoints
+
+    rlfabric = Path(sys.executable).parent / "rlfabric"
+    spec = Path(__file__).resolve().parents[1] / "examples/specs/cartpole_local_vtrace.yaml"
+    cmd = [
+        str(rlfabric),
+        "train",
+        str(spec),
+        f"run.logdir={tmp_path}",
+        "run.name=killed",
+        "run.display=none",
+        "run.checkpoint_interval_s=1",
+        "run.stop.env_frames=100000000",
+    ]
+    driver = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 120
+    while len(list_checkpoints(folder)) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+    saved = load_checkpoint(list_checkpoints(folder)[-1])  # written atomically: loads whole
+    frames = saved["counters"]["env_frames"]
+    assert frames > 0
+    resumed = Platform.resume(tmp_path / "killed", [f"run.stop.env_frames={frames + 20_000}"])
+    result = resumed.fit()
+    assert frames + 20_000 <= result.metrics["env_frames"] < frames + 200_000
+    assert result.metrics["updates"] > saved["counters"]["updates"]

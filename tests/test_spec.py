@@ -163,3 +163,8 @@ def test_discrete_envs_are_refused_by_continuous_only_algorithms():
 def test_every_example_spec_passes_every_check(path):
     """What `rlfabric train <spec>` checks before starting anything (spaces, sparse roles)."""
     Platform.from_yaml(path)
+
+
+def test_a_spec_never_imports_a_module_through_the_env_id():
+    with pytest.raises(SpecError, match=r"names a module to import; a spec never runs code"):
+        Platform(env="os:CartPole-v1")

@@ -90,6 +90,10 @@ class A3C(ActorCriticAlgorithm):
     config_cls = A3CConfig
     cfg: A3CConfig
 
+    @property
+    def loss_reduction(self) -> Literal["sum", "mean"]:
+        return "sum"  # GA3C sums over the batch
+
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)

@@ -100,6 +100,8 @@ class Algorithm(ABC):
         self.device = torch.device(device)
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
+        self.grad_sync: Callable[[torch.optim.Optimizer], None] | None = None
+        """Data-parallel learners: reduces the gradients over the group before each step."""
         self.nonfinite_steps = 0
         """Optimizer steps skipped because a gradient was NaN or inf."""
         self.sparse_trainers: dict[str, SparseTrainer] = {}
@@ -141,6 +143,11 @@ class Algorithm(ABC):
     @abstractmethod
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One learning step on a batch (see ARCHITECTURE.md's Batch contract)."""
+
+    @property
+    def loss_reduction(self) -> Literal["sum", "mean"]:
+        """Whether the losses sum or average over the batch (how shards' gradients combine)."""
+        return "mean"
 
     def greedy_policy(self) -> nn.Module:
         """A standalone torch module of the deterministic policy, for export.
@@ -241,6 +248,8 @@ class Algorithm(ABC):
         finite (a NaN or inf loss): that step is skipped and counted in
         `nonfinite_steps`, so one bad batch cannot poison the weights.
         """
+        if self.grad_sync is not None:
+            self.grad_sync(optimizer)
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
             optimizer.zero_grad(set_to_none=True)

@@ -60,6 +60,10 @@ class VTrace(ActorCriticAlgorithm):
     config_cls = VTraceConfig
     cfg: VTraceConfig
 
+    @property
+    def loss_reduction(self) -> Literal["sum", "mean"]:
+        return self.cfg.loss_reduction
+
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
         b = to_tensors(batch, self.device)

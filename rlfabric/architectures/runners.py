@@ -10,6 +10,7 @@ blocking `put` is the backpressure on runners, and trainer threads.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sys
 import threading
@@ -24,6 +25,15 @@ from pydantic import Field
 
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.base import ArchConfig, Architecture
+from rlfabric.architectures.learner_group import (
+    LearnerGroup,
+    device_for_this_actor,
+    group_address,
+    in_bundle,
+    learner_bundles,
+    start_workers,
+    stop_workers,
+)
 from rlfabric.architectures.replay_actor import RemoteReplayBuffer
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.autotune import DynamicAdjuster
@@ -89,7 +99,10 @@ class LearnerProcess:
         sys.setswitchinterval(0.0005)
         # Requests and unrolls arrive as read-only arrays from Ray's object store; we only read.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.learner = Learner(spec, env_info, frame_budget)
+        # A GPU Ray gave this actor (resources.num_gpus_per_learner) trains and infers.
+        self.device = device_for_this_actor()
+        self.learner = Learner(spec, env_info, frame_budget, self.device)
+        self.frame_budget = frame_budget
         if state is not None:
             self.learner.load_state_dict(state)
         self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(queue_capacity)
@@ -159,11 +172,23 @@ class LearnerProcess:
         """Answers once the constructor has finished (the driver waits for it)."""
         return True
 
+    def group_address(self) -> str:
+        return group_address()
+
+    def algorithm_state(self) -> dict[str, Any]:
+        with self._update_lock:
+            return self.learner.algorithm.state_dict()
+
+    def join_learners(self, address: str, workers: list[Any]) -> None:
+        """Become learner 0 of a data-parallel group (`architectures.learner_group`)."""
+        LearnerGroup(self.learner, workers, self.frame_budget).join(address)
+
     def metrics(self) -> dict[str, float]:
         for pool in self.pools():
             if pool.error is not None:
                 raise pool.error
         metrics = self.learner.metrics()
+        metrics["learner_on_gpu"] = float(self.device == "cuda")
         if self.replay is not None:
             metrics.update(self.replay.metrics())
         else:
@@ -201,9 +226,13 @@ class RayEnvRunner(EnvRunner):
         """Step envs until the learner says stop."""
         raise NotImplementedError
 
-    def cpu_seconds(self) -> float:
-        """CPU time of this runner's process (served by a second actor thread)."""
-        return time.process_time()
+    def pid(self) -> int:
+        """The runner's process id (for fault-injection tests and debugging)."""
+        return os.getpid()
+
+    def usage(self) -> tuple[float, str]:
+        """CPU time of this runner's process and its node (served by a second actor thread)."""
+        return time.process_time(), ray.get_runtime_context().get_node_id()
 
 
 def runner_cpus(spec: ExperimentSpec) -> float:
@@ -237,8 +266,11 @@ class RunnerPool:
         self.learner = learner
         self.seed = seed
         self.restarts = 0
-        # two threads: `run` loops in one, the driver's `cpu_seconds` calls use the other
-        self._cls = ray.remote(runner_cls).options(num_cpus=runner_cpus(spec), max_concurrency=2)
+        # Two threads: `run` loops in one, the driver's `usage` calls use the other. SPREAD
+        # puts runners on as many nodes of a cluster as have room: env stepping scales out.
+        self._cls = ray.remote(runner_cls).options(
+            num_cpus=runner_cpus(spec), max_concurrency=2, scheduling_strategy="SPREAD"
+        )
         self.runners: dict[int, Any] = {}
         self.loops: dict[int, ray.ObjectRef] = {}
         for index in range(spec.resources.num_env_runners):
@@ -276,9 +308,10 @@ class RunnerPool:
     def size(self) -> int:
         return len(self.runners)
 
-    def cpu_seconds(self) -> float:
-        """CPU seconds used by the live runners' processes so far."""
-        return float(sum(ray.get([r.cpu_seconds.remote() for r in self.runners.values()])))
+    def usage(self) -> tuple[float, int]:
+        """CPU seconds the live runners' processes used so far, and how many nodes hold them."""
+        usage = ray.get([r.usage.remote() for r in self.runners.values()])
+        return float(sum(cpu for cpu, _ in usage)), len({node for _, node in usage})
 
     def resize(self, size: int) -> None:
         """Start runners up to `size`, or retire the newest ones beyond it."""
@@ -346,16 +379,38 @@ class LearnerAndRunners(Architecture):
     def start(self, state: dict[str, Any] | None = None) -> None:
         spec = self.spec
         res = spec.resources
+        gpus = res.num_gpus_per_learner
+        if gpus and ray.cluster_resources().get("GPU", 0.0) < gpus:
+            log.warning(
+                "resources.num_gpus_per_learner=%s but the cluster has %s GPUs: the learner "
+                "trains (and serves inference) on CPU",
+                gpus,
+                ray.cluster_resources().get("GPU", 0.0),
+            )
+            gpus = 0.0
+        self.workers: list[Any] = []
+        self.learner_group = learner_bundles(spec, gpus) if res.num_learners > 1 else None
+        if self.learner_group is not None:
+            ray.get(self.learner_group.ready(), timeout=120)
         self.learner = (
             ray.remote(self.learner_cls)
             .options(
                 num_cpus=res.learner_cpus,
+                num_gpus=gpus,
+                scheduling_strategy=(
+                    None if self.learner_group is None else in_bundle(self.learner_group, 0)
+                ),
                 # one thread per runner group call plus the driver's calls
                 max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
             )
             .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
         )
         self._wait_until_started(self.learner, "learner")
+        if self.learner_group is not None:
+            budget = self.stop_conditions.env_frames
+            self.workers = start_workers(
+                spec, self.env_info, budget, self.learner, self.learner_group, gpus
+            )
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
         self._start_autotune()
@@ -378,7 +433,7 @@ class LearnerAndRunners(Architecture):
         self.runners.check()
         metrics = ray.get(self.learner.metrics.remote())
         metrics["runner_restarts"] = self.runners.restarts
-        metrics["runners_cpu_s"] = self.runners.cpu_seconds()
+        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
         if self.adjuster is not None:
             self._autotune(metrics)
         return metrics
@@ -396,4 +451,5 @@ class LearnerAndRunners(Architecture):
         if hasattr(self, "runners"):
             self.runners.stop()
         ray.kill(self.learner, no_restart=True)
+        stop_workers(self.workers, self.learner_group)
         del self.learner

@@ -96,6 +96,11 @@ class EnvConfig(BaseModel):
     @field_validator("id")
     @classmethod
     def _known_id(cls, value: str) -> str:
+        if ":" in value:  # gymnasium.make("pkg.module:Env-v0") imports pkg.module
+            raise ValueError(
+                f"env id {value!r} names a module to import; a spec never runs code. "
+                "Register the env in your own code (gymnasium.register) and use its id"
+            )
         spec = find_spec(value)
         if is_atari(spec) and not _is_supported_atari_id(value):
             name = rom_id_to_name(spec.kwargs["game"])

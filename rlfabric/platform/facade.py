@@ -60,6 +60,23 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
             make_algorithm(spec, env_info, budget)
     except (ValueError, UnsupportedSpaceError) as err:
         raise SpecError(f"{spec.env.id} with algo '{spec.algo.name}': {err}") from None
+    learners = spec.resources.num_learners
+    if learners > 1:
+        if not arch_cls.uses_ray:
+            raise SpecError(
+                f"resources.num_learners={learners} needs a Ray architecture; arch "
+                f"'{spec.arch.name}' runs in one process (allowed: 1)"
+            )
+        if spec.algo.batch_size % learners:
+            raise SpecError(
+                f"algo.batch_size={spec.algo.batch_size} does not split into "
+                f"resources.num_learners={learners} equal shards; use a multiple of {learners}"
+            )
+        if spec.sparse.enabled:
+            raise SpecError(
+                f"sparse training with resources.num_learners={learners} is not supported: "
+                "each learner's RigL masks would follow its own shard's gradients (allowed: 1)"
+            )
     if spec.resources.replay_actor and not arch_cls.uses_ray:
         raise SpecError(
             f"resources.replay_actor=true needs a Ray architecture; arch '{spec.arch.name}' "

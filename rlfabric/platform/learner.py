@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,6 +63,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def available_device(device: str) -> str:
+    """`device` if torch can use it here, else "cpu" with a warning."""
+    if device.startswith("cuda"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            log.warning("%s is not available in this process: using the CPU", device)
+            return "cpu"
+    return device
+
+
 def make_algorithm(
     spec: ExperimentSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
 ) -> Algorithm:
@@ -90,6 +101,18 @@ class Learner:
         np.random.seed(spec.run.seed)
         torch.manual_seed(spec.run.seed)
         self.algorithm = make_algorithm(spec, env_info, frame_budget, device)
+        # Inference on the training weights, or on a copy on its own device, refreshed
+        # after every update (resources.inference_device).
+        self.inference = self.algorithm
+        if spec.resources.inference_device != "learner":
+            self.inference = ALGORITHMS[spec.algo.name](
+                spec.algo,
+                env_info.observation_space,
+                env_info.action_space,
+                spec.model,
+                available_device(spec.resources.inference_device),
+            )
+            self.inference.model.load_state_dict(self.algorithm.model.state_dict())
         # Replay algorithms act uniformly at random until their first update (the warm-up).
         self.explore = (
             UniformActions(env_info.action_space, spec.run.seed)
@@ -103,6 +126,8 @@ class Learner:
         self.lengths: deque[int] = deque(maxlen=100)
         self.stats = IntervalStats()
         self.max_nonfinite_updates = spec.run.max_nonfinite_updates
+        # Set by a group of data-parallel learners: batch -> (this learner's shard, wait).
+        self.peers: Callable[[dict[str, np.ndarray]], tuple[dict, Callable[[], Any]]] | None = None
         self._nonfinite_in_row = 0
         self._lock = threading.Lock()  # counters and windows are touched by several threads
 
@@ -119,7 +144,7 @@ class Learner:
         if self.explore is not None and version == 0:
             action, extras, state = self.explore(len(obs))
         else:
-            action, extras, state = self.algorithm.act(obs, state, first)
+            action, extras, state = self.inference.act(obs, state, first)
         extras["policy_version"] = np.full(len(obs), version, np.int64)
         return action, extras, state
 
@@ -154,7 +179,14 @@ class Learner:
             self.algorithm.set_progress(self.counters["env_frames"] / self.frame_budget)
         start = time.perf_counter()
         skipped_before = self.algorithm.nonfinite_steps
-        metrics = self.algorithm.update(batch)
+        if self.peers is not None:  # data-parallel: the other learners take the other shards
+            local, wait = self.peers(batch)
+            metrics = self.algorithm.update(local)
+            wait()
+        else:
+            metrics = self.algorithm.update(batch)
+        if self.inference is not self.algorithm:
+            self.inference.model.load_state_dict(self.algorithm.model.state_dict())
         elapsed = time.perf_counter() - start
         if self.algorithm.nonfinite_steps > skipped_before or not all(
             math.isfinite(v) for v in metrics.values()

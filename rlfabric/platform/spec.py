@@ -48,6 +48,25 @@ class ResourcesConfig(_Section):
         description="CPUs Ray reserves per env runner; null: share what the learner leaves free",
     )
     learner_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for the learner")
+    num_learners: int = Field(
+        1,
+        ge=1,
+        description="data-parallel learners: each update splits the batch into equal shards "
+        "and all-reduces gradients (gloo on CPU, NCCL on GPUs); inference stays on learner 0",
+    )
+    inference_device: str = Field(
+        "learner",
+        pattern=r"^(learner|cpu|cuda(:\d+)?)$",
+        description="seed/ga3c inference: 'learner' (on the training weights), or 'cpu', "
+        "'cuda', 'cuda:N' for a copy there refreshed after every update (e.g. cuda:1 with "
+        "num_gpus_per_learner: 2); an unavailable GPU falls back to CPU with a warning",
+    )
+    num_gpus_per_learner: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves for the learner, which then trains (and under seed and "
+        "ga3c infers) on cuda; a cluster without GPUs runs it on CPU with a warning",
+    )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
     num_cpus: int | None = Field(
         None, ge=1, description="CPUs of an embedded Ray; null: all of this machine's"

@@ -192,6 +192,7 @@ class SparseTrainer:
                 score = layer.dense_grad.abs()
             else:
                 score = torch.rand(layer.mask.shape, generator=self._generator)
+                score = score.to(layer.mask.device)  # the generator is on the CPU
             new_mask = drop_and_grow(layer.mask, layer.weight, score, k)
             kept = layer.mask & new_mask
             layer.weight.masked_fill_(~kept, 0.0)

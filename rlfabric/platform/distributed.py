@@ -1,0 +1,71 @@
+"""Data-parallel learners: batch shards and a gradient all-reduce (torch.distributed, no Ray).
+
+N learners hold the same weights and optimizer state. Each update, learner 0
+cuts the batch into N equal shards along its batch axis and every learner runs
+the algorithm's ordinary `update` on its shard; every optimizer step inside it
+first all-reduces the gradients (`GradientAllReduce`, installed as the
+algorithm's `grad_sync`). The algorithms' losses are either sums over the batch
+(IMPALA's V-trace, A3C) or means (PPO, SAC, TD3): a sum's full-batch gradient
+is the sum of the shards' gradients, a mean's is their average over equal
+shards. So the step equals one learner's on the whole batch, up to float
+rounding (and, for a mean over valid steps only, up to shards holding
+different numbers of autoreset steps), and all learners stay identical: the
+same reduced gradient goes into the same optimizer state. This is what torch
+DDP does, done at the optimizer step so that any algorithm, which may run
+several forward passes and optimizers per update, needs no change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+Reduction = Literal["sum", "mean"]
+
+
+def shard_batch(batch: dict[str, np.ndarray], shards: int) -> list[dict[str, np.ndarray]]:
+    """Cut a batch into `shards` equal parts along its batch axis.
+
+    Trajectory batches are time-major, `[T(+1), B, ...]` (the recurrent state
+    `[1, B, ...]`): the batch axis is 1. Replay batches are `[B, ...]`.
+    """
+    axis = 1 if batch["reward"].ndim == 2 else 0
+    size = batch["reward"].shape[axis]
+    if size % shards:
+        raise ValueError(f"a batch of {size} does not split into {shards} equal shards")
+    return [{k: np.split(v, shards, axis=axis)[i] for k, v in batch.items()} for i in range(shards)]
+
+
+class GradientAllReduce:
+    """Before each optimizer step: the gradients summed (or averaged) over the group."""
+
+    def __init__(self, world_size: int, reduction: Reduction) -> None:
+        self.world_size = world_size
+        self.reduction = reduction
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one message per step
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if self.reduction == "mean":
+            flat /= self.world_size
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+
+def join_group(address: str, rank: int, world_size: int, device: str) -> None:
+    """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,142 @@
+"""Data-parallel learners: shards + gradient all-reduce equal one learner on the whole batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from test_training import FAST_VTRACE
+
+from rlfabric import Platform
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.envs import EnvConfig, describe_env
+from rlfabric.models import ModelConfig
+from rlfabric.platform.distributed import GradientAllReduce, join_group, leave_group, shard_batch
+
+
+def _batch(seed: int, T: int = 6, B: int = 8) -> dict[str, np.ndarray]:
+    """A CartPole-shaped trajectory batch without autoreset steps (every step valid)."""
+    rng = np.random.default_rng(seed)
+    terminated = np.zeros((T, B), bool)
+    terminated[2, 1] = True
+    return {
+        "obs": rng.normal(size=(T + 1, B, 4)).astype(np.float32),
+        "is_first": np.zeros((T + 1, B), bool),
+        "action": rng.integers(0, 2, size=(T, B)),
+        "reward": rng.normal(size=(T, B)).astype(np.float32),
+        "terminated": terminated,
+        "truncated": np.zeros((T, B), bool),
+        "logp": np.log(rng.uniform(0.3, 0.7, size=(T, B))).astype(np.float32),
+        "policy_version": np.zeros((T, B), np.int64),
+    }
+
+
+def _algorithm(reduction: str):
+    torch.manual_seed(0)
+    info = describe_env(EnvConfig(id="CartPole-v1"))
+    cls = ALGORITHMS["vtrace"]
+    cfg = cls.config_cls(loss_reduction=reduction, optimizer="adam", lr=1e-2)
+    return cls(cfg, info.observation_space, info.action_space, ModelConfig())
+
+
+def _rank(rank: int, world: int, address: str, reduction: str, out: dict) -> None:
+    torch.set_num_threads(1)
+    join_group(address, rank, world, "cpu")
+    algorithm = _algorithm(reduction)
+    algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
+    for step in range(3):
+        algorithm.update(shard_batch(_batch(step), world)[rank])
+    out[rank] = {k: v.clone() for k, v in algorithm.model.state_dict().items()}
+    leave_group()
+
+
+def test_shards_split_the_batch_axis():
+    trajectory = shard_batch(_batch(0), 2)
+    assert trajectory[0]["obs"].shape == (7, 4, 4) and trajectory[1]["reward"].shape == (6, 4)
+    replay = shard_batch({"reward": np.arange(8), "obs": np.zeros((8, 3))}, 4)
+    assert [s["reward"].tolist() for s in replay] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="a batch of 8 does not split into 3 equal shards"):
+        shard_batch(_batch(0), 3)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_two_learners_equal_one_learner_on_the_whole_batch(reduction):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank, args=(2, address, reduction, out), nprocs=2, join=True)
+        ranks = dict(out)
+    single = _algorithm(reduction)
+    for step in range(3):
+        single.update(_batch(step))
+    for key, value in single.model.state_dict().items():
+        assert torch.equal(ranks[0][key], ranks[1][key]), key  # identical learners
+        torch.testing.assert_close(ranks[0][key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_seed_with_two_learners_keeps_them_identical(ray_session, tmp_path):
+    from rlfabric.architectures.seed import SeedArchitecture
+
+    platform = Platform(
+        arch="seed",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 32},
+        resources={"num_learners": 2, "learner_cpus": 0.5, "cpus_per_env_runner": 0.5},
+        run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
+    )
+    arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start()
+    try:
+        metrics = arch.step()
+        while metrics["updates"] < 50:
+            metrics = arch.step()
+        ray_session.get(arch.learner.stop.remote())  # trainers stop between updates
+        learner0 = ray_session.get(arch.learner.algorithm_state.remote())["model"]
+        worker = ray_session.get(arch.workers[0].weights.remote())
+        for key, value in learner0.items():
+            np.testing.assert_array_equal(value.numpy(), worker[key], key)
+    finally:
+        arch.stop()
+
+
+def test_bad_learner_counts_fail_before_anything_starts():
+    from rlfabric.platform.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"algo.batch_size=8 does not split into"):
+        Platform(arch="seed", algo=FAST_VTRACE, resources={"num_learners": 3})
+    with pytest.raises(SpecError, match=r"num_learners=2 needs a Ray architecture"):
+        Platform(arch="local", algo=FAST_VTRACE, resources={"num_learners": 2})
+
+
+def test_inference_on_its_own_device_follows_every_update(tmp_path):
+    """A separate inference copy (here on the CPU too) acts with the newest weights."""
+    run = {"stop": {"env_frames": 60_000}, "display": "none", "logdir": str(tmp_path)}
+    platform = Platform(
+        arch="local",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 64},
+        resources={"inference_device": "cpu"},
+        run=run,
+    )
+    result = platform.fit()
+    assert result.metrics["episode_return_mean"] > 2 * 22.0
+
+    from rlfabric.platform.learner import Learner
+
+    learner = Learner(platform.spec, platform.env_info, frame_budget=None)
+    assert learner.inference is not learner.algorithm
+    learner.update(_batch(0, B=8))
+    for key, value in learner.algorithm.model.state_dict().items():
+        assert torch.equal(learner.inference.model.state_dict()[key], value), key
+
+
+def test_an_unknown_inference_device_is_refused():
+    from rlfabric.platform.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"resources.inference_device"):
+        Platform(arch="seed", algo="vtrace", resources={"inference_device": "tpu"})
