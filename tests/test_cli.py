@@ -76,7 +76,8 @@ def test_resume_from_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_ctrl_c_writes_a_final_checkpoint_and_exits(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig):
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "arch: local\nenv: {id: CartPole-v1, num_envs: 8}\n"
@@ -93,7 +94,7 @@ def test_ctrl_c_writes_a_final_checkpoint_and_exits(tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)  # SIGTERM is what `ray job stop` sends
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err

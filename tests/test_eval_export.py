@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,20 @@ def test_export_cli_writes_a_policy_that_loads_without_rlfabric(cartpole_run, tm
 def test_unknown_export_format_is_a_user_error(cartpole_run, capsys):
     assert main(["export", str(cartpole_run), "--format", "tflite"]) == 2
     assert "unknown export format 'tflite'; allowed: torchscript, onnx" in capsys.readouterr().err
+
+
+def test_periodic_evaluation_during_training(tmp_path):
+    run = {
+        "stop": {"env_frames": 30_000},
+        "display": "none",
+        "logdir": str(tmp_path),
+        "eval_interval_s": 0.5,
+        "eval_episodes": 3,
+        "report_interval_s": 0.25,
+    }
+    env = {"id": "CartPole-v1", "num_envs": 64}
+    result = Platform(arch="local", algo=FAST_VTRACE, env=env, run=run).fit()
+    records = (Path(result.logdir) / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, records) if "eval_return_mean" in r]
+    assert evals and all(r["eval_return_mean"] >= 8 for r in evals)  # CartPole: >= 8 steps
+    assert "eval_return_std" in result.metrics

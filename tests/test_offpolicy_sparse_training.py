@@ -35,7 +35,7 @@ def test_seed_learns_pendulum(tmp_path, ray_session, algo):
     m = result.metrics
     # One update per stored transition after the warm-up, within one unroll per group.
     assert m["updates"] <= m["replay_stored"] - 1000
-    assert m["updates"] >= m["replay_stored"] - 1000 - 2 * 8
+    assert m["updates"] >= m["replay_stored"] - 1000 - 3 * 8  # see the impala/ga3c test
     assert m["replay_size"] == m["replay_stored"]
     # The training window still holds the random warm-up; the greedy policy is far better.
     assert m["episode_return_mean"] > RANDOM_PENDULUM_RETURN
@@ -53,7 +53,9 @@ def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
     m = result.metrics
     assert m["env_frames"] >= 2_500
     owed = (m["replay_stored"] - 500) * 0.5
-    assert owed - 8 <= m["updates"] <= owed  # ratio kept; trainers at most one unroll behind
+    # Ratio kept: trainers are at most one unroll (4 updates) behind, plus one update in
+    # flight, plus an unroll stored between the two reads of this metrics snapshot.
+    assert owed - 2 * 8 <= m["updates"] <= owed
     assert "critic_loss" in {k for r in _records(result) for k in r}
     assert m["sparsity_actor"] == pytest.approx(0.9, abs=0.005)
     assert m["sparsity_critic"] == pytest.approx(0.85, abs=0.005)
@@ -72,7 +74,7 @@ def test_replay_buffer_in_its_own_actor(tmp_path, ray_session):
     result = _fit(tmp_path, "seed", algo, 1_500, resources={"replay_actor": True})
     m = result.metrics
     assert m["replay_size"] == m["replay_stored"] >= 1_500 - 4 * 8
-    assert m["replay_stored"] - 300 - 2 * 8 <= m["updates"] <= m["replay_stored"] - 300
+    assert m["replay_stored"] - 300 - 3 * 8 <= m["updates"] <= m["replay_stored"] - 300
     state = load_checkpoint(Path(result.checkpoint))["replay"]
     assert state["contents"] and state["buffer"]["count"].sum() == m["replay_size"]
 

@@ -220,3 +220,24 @@ def test_checkpoint_round_trip_with_and_without_contents(contents):
         assert fresh.owed() > 0
     runner.close()
     fresh_runner.close()
+
+
+def test_the_trainer_runs_rlx2_capacity_checks():
+    """A tiny threshold: every check finds the policy moved, so the buffer shrinks to its floor."""
+    feed, learner, runner = _pendulum_feed(
+        dynamic_buffer=True,
+        buffer_capacity=1_000,
+        buffer_min_capacity=40,
+        buffer_check_every=8,
+        buffer_threshold=1e-9,
+    )
+    stop = threading.Event()
+    for _, (key, unroll) in zip(range(40), _unrolls(learner, runner, 4)):
+        feed.add_unroll(unroll, key, stop)
+        while feed.train_step(timeout=0):
+            pass
+    metrics = feed.metrics()
+    assert np.isfinite(metrics["policy_distance"]) and metrics["policy_distance"] > 1e-9
+    assert 40 <= metrics["replay_capacity"] < 1_000
+    assert metrics["replay_size"] <= metrics["replay_capacity"]
+    runner.close()

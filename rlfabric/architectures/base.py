@@ -52,5 +52,9 @@ class Architecture(ABC):
         """Checkpoint state: weights, optimizer, counters, RNG."""
 
     @abstractmethod
+    def policy_weights(self) -> dict[str, Any]:
+        """The acting network's current weights (`Algorithm.get_weights`), for evaluation."""
+
+    @abstractmethod
     def stop(self) -> None:
         """Stop every process this architecture started; safe to call twice."""

@@ -84,6 +84,9 @@ class LocalArchitecture(Architecture):
                 learner.update(batch)
         return self.runner.step(group, action)
 
+    def policy_weights(self) -> dict[str, Any]:
+        return self.learner.algorithm.get_weights()
+
     def get_state(self) -> dict[str, Any]:
         state = self.learner.state_dict()
         if self.replay is not None:

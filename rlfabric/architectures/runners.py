@@ -175,6 +175,9 @@ class LearnerProcess:
     def group_address(self) -> str:
         return group_address()
 
+    def policy_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.algorithm.get_weights()
+
     def algorithm_state(self) -> dict[str, Any]:
         with self._update_lock:
             return self.learner.algorithm.state_dict()
@@ -440,6 +443,9 @@ class LearnerAndRunners(Architecture):
 
     def get_state(self) -> dict[str, Any]:
         return ray.get(self.learner.get_state.remote())
+
+    def policy_weights(self) -> dict[str, Any]:
+        return ray.get(self.learner.policy_weights.remote())
 
     def stop(self) -> None:
         if not hasattr(self, "learner"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -129,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM ends a run the way Ctrl-C does: final checkpoint, every actor stopped."""
+    raise KeyboardInterrupt
+
+
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
@@ -143,6 +149,7 @@ def _train(args: argparse.Namespace) -> int:
         platform = Platform.from_yaml(args.spec, overrides)
     else:
         raise RLFabricError("train needs a spec file or --resume LOGDIR")
+    signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop`, schedulers: as Ctrl-C
     try:
         result = platform.fit()
     except KeyboardInterrupt:

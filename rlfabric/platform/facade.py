@@ -26,6 +26,7 @@ from rlfabric.envs import EnvInfo, describe_env
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from rlfabric.platform.errors import CheckpointError, SpecError
+from rlfabric.platform.evaluate import evaluate
 from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.ray_setup import init_ray
 from rlfabric.platform.reporting import Reporter
@@ -88,6 +89,21 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
             f"({algo_cls.data} data); it feeds: {', '.join(arch_cls.data_kinds)}"
         )
     return env_info
+
+
+class _Evaluator:
+    """Periodic evaluation in the driver: the policy's current weights on fresh envs."""
+
+    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo) -> None:
+        self.spec = spec
+        self.algorithm = ALGORITHMS[spec.algo.name](
+            spec.algo, env_info.observation_space, env_info.action_space, spec.model
+        )
+
+    def __call__(self, weights: dict[str, Any]) -> dict[str, float]:
+        self.algorithm.set_weights(weights)
+        result = evaluate(self.algorithm, self.spec.env, self.spec.run.eval_episodes)
+        return {"eval_return_mean": result.mean, "eval_return_std": result.std}
 
 
 class Platform:
@@ -183,10 +199,14 @@ class Platform:
         previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
         counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
         last_frames, last_samples = counters["env_frames"], counters["learner_samples"]
-        start = last_time = last_ckpt = time.perf_counter()
+        start = last_time = last_ckpt = last_eval = time.perf_counter()
+        evaluator = _Evaluator(self.spec, self.env_info) if self.spec.run.eval_interval_s else None
         while True:
             metrics = arch.step()
             now = time.perf_counter()
+            if evaluator is not None and now - last_eval >= self.spec.run.eval_interval_s:
+                metrics.update(evaluator(arch.policy_weights()))
+                last_eval = now = time.perf_counter()
             dt = max(now - last_time, 1e-9)
             metrics["wall_time_s"] = previous_wall + now - start
             metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt

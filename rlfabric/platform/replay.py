@@ -406,9 +406,15 @@ class DynamicCapacity:
         if len(buffer) == 0:
             raise ValueError("policy_distance() on an empty ReplayBuffer")
         obs, stored = buffer.oldest(self.oldest_k)
-        half_range = (np.asarray(action_high) - np.asarray(action_low)) / 2
-        scaled = (np.asarray(policy_fn(obs)) - stored) / half_range
-        return float(np.mean(np.square(scaled)) / 2)
+        return self.distance(policy_fn(obs), stored, action_low, action_high)
+
+    @staticmethod
+    def distance(
+        policy: npt.ArrayLike, stored: np.ndarray, low: npt.ArrayLike, high: npt.ArrayLike
+    ) -> float:
+        """The halved mean square of `policy - stored` in half ranges (see `policy_distance`)."""
+        half_range = (np.asarray(high) - np.asarray(low)) / 2
+        return float(np.mean(np.square((np.asarray(policy) - stored) / half_range)) / 2)
 
     def update(self, buffer: ReplayBuffer, distance: float) -> int:
         """Apply one check's outcome to `buffer.capacity`; returns the new capacity."""

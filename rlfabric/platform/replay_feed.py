@@ -168,10 +168,10 @@ class ReplayFeed:
                 return
             self._checked_at = stored
             obs, stored_actions = self.buffer.oldest(dynamic.oldest_k)
+        # The forward pass runs outside the buffer's lock: adds go on meanwhile.
         space = self.learner.algorithm.action_space
         policy = self.learner.algorithm.act(obs, deterministic=True)[0]
-        half_range = (space.high - space.low) / 2
-        self.policy_distance = float(np.mean(np.square((policy - stored_actions) / half_range)) / 2)
+        self.policy_distance = dynamic.distance(policy, stored_actions, space.low, space.high)
         with self._cond:
             dynamic.update(self.buffer, self.policy_distance)
 

@@ -104,6 +104,13 @@ class RunConfig(_Section):
         60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
     )
     keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
+    eval_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="seconds between greedy evaluations on fresh envs during training "
+        "(eval_return_mean/std in the metrics; the driver plays them); null: none",
+    )
+    eval_episodes: int = Field(10, ge=1, description="episodes per evaluation, one per env")
     max_nonfinite_updates: int = Field(
         10,
         ge=1,
