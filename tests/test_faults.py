@@ -162,6 +162,42 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path):
     frames = saved["counters"]["env_frames"]
     assert frames > 0
     resumed = Platform.resume(tmp_path / "killed", [f"run.stop.env_frames={frames + 20_000}"])
+    # The resumed learner starts from the checkpoint's weights and optimizer state.
+    from rlfabric.architectures.local import LocalArchitecture
+
+    arch = LocalArchitecture(resumed.spec, resumed.env_info, resumed.spec.run.stop)
+    arch.start(saved)
+    restored = arch.get_state()["algorithm"]
+    arch.stop()
+    for key, value in saved["algorithm"]["model"].items():
+        assert torch.equal(restored["model"][key], value), key
     result = resumed.fit()
     assert frames + 20_000 <= result.metrics["env_frames"] < frames + 200_000
     assert result.metrics["updates"] > saved["counters"]["updates"]
+
+
+def test_a_learner_crash_ends_the_run_and_the_last_checkpoint_stays_intact(ray_session, tmp_path):
+    from ray.exceptions import RayActorError
+
+    from rlfabric.architectures.seed import SeedArchitecture
+    from rlfabric.platform.checkpoint import save_checkpoint
+
+    platform = Platform(
+        arch="seed",
+        algo=FAST_VTRACE,
+        env={"id": "CartPole-v1", "num_envs": 16},
+        run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
+    )
+    arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start()
+    try:
+        arch.step()
+        state = arch.get_state()
+        path = save_checkpoint(tmp_path, state, state["counters"]["env_frames"], keep=3)
+        ray_session.kill(arch.learner, no_restart=True)
+        with pytest.raises(RayActorError):
+            arch.step()
+    finally:
+        arch.stop()
+    loaded = load_checkpoint(Path(path))
+    assert loaded["counters"] == state["counters"]
