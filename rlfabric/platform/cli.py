@@ -197,8 +197,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise RLFabricError(f"--episodes must be at least 1, got {args.episodes}")
-    if args.video:  # MuJoCo picks its OpenGL backend at import: headless EGL unless told
+    if args.video:  # renders off screen: headless EGL for MuJoCo, no display for pygame
         os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     spec, algorithm = load_policy(args.logdir)
     deterministic = not args.stochastic
     result = evaluate(
