@@ -240,29 +240,37 @@ class Algorithm(ABC):
         self._forward_flops.clear()
         self.after_target_update()
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """`optimizer.step()`, or its sparse trainer's step if it steps a sparse role.
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, max_norm: float | None = None
+    ) -> Tensor:
+        """Every optimizer step of every algorithm: sync, check, clip, step.
 
-        Returns False when a topology update took the step's place (RLx2 skips the
-        optimizer step then, `DST_Scheduler.__call__`), or when a gradient is not
-        finite (a NaN or inf loss): that step is skipped and counted in
-        `nonfinite_steps`, so one bad batch cannot poison the weights.
+        In order: the gradients are reduced over data-parallel learners
+        (`grad_sync`), so that what follows sees the whole batch's gradient; a
+        step whose gradient is not finite (a NaN or inf loss) is skipped and
+        counted in `nonfinite_steps`, so one bad batch cannot poison the weights;
+        the global norm is clipped to `max_norm` if given; then `optimizer.step()`,
+        or the sparse trainer's step for a sparse role (which does a topology
+        update instead on its update steps, as RLx2's `DST_Scheduler.__call__`).
+        Returns the gradient's global norm before clipping.
         """
         if self.grad_sync is not None:
             self.grad_sync(optimizer)
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if not bool(torch.isfinite(norm)):
             optimizer.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1
-            return False
+            return norm
+        if max_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
         for name, trainer in self.sparse_trainers.items():
             if trainer.optimizer is optimizer:
-                stepped = trainer.step()
-                if not stepped:
+                if not trainer.step():  # a topology update: the FLOP counts are stale
                     self._forward_flops.pop(name, None)
-                return stepped
+                return norm
         optimizer.step()
-        return True
+        return norm
 
     def after_target_update(self) -> None:
         """Re-mask every sparse role's targets: a soft update of masked weights would

@@ -209,13 +209,32 @@ class OffPolicyAlgorithm(Algorithm):
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t
 
-    def build_twin_critics(self) -> None:
-        """Q1, Q2 and their targets: the clipped double Q of TD3, which SAC shares."""
+    def build_networks(self, actor: nn.Module, actor_target: bool = False) -> None:
+        """The actor (a target copy of it too, for TD3), twin critics Q1, Q2 with targets
+        (the clipped double Q of TD3, which SAC shares), and the actor's and critics' Adam.
+
+        Fills `model` (the actor: what env runners need), `networks` and `optimizers`.
+        """
         dims = (self.obs_dim, self.action_dim, self.cfg.hidden)
+        self.actor = self.model = actor.to(self.device)
         self.q1 = QNetwork(*dims).to(self.device)
         self.q2 = QNetwork(*dims).to(self.device)
         self.q1_target = copy.deepcopy(self.q1)
         self.q2_target = copy.deepcopy(self.q2)
+        self.networks = {
+            "actor": self.actor,
+            "q1": self.q1,
+            "q2": self.q2,
+            "q1_target": self.q1_target,
+            "q2_target": self.q2_target,
+        }
+        if actor_target:
+            self.networks["actor_target"] = copy.deepcopy(self.actor)
+        self.optimizers = {
+            "actor": self.make_optimizer(self.actor),
+            "critic": self.make_optimizer(self.q1, self.q2),
+        }
+        self.optimizer = self.optimizers["actor"]
 
     def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
         return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)
@@ -239,7 +258,7 @@ class OffPolicyAlgorithm(Algorithm):
                 self.actor,
                 self.optimizers["actor"],
                 lambda: self.sample_inputs(action=False),
-                targets=tuple(self.actor_targets()),
+                targets=tuple(n for k, n in self.networks.items() if k == "actor_target"),
                 steps_per_update=self.actor_steps_per_update(),
             ),
             "critic": SparseRole(
@@ -249,10 +268,6 @@ class OffPolicyAlgorithm(Algorithm):
                 targets=(TwinQ(self.q1_target, self.q2_target),),
             ),
         }
-
-    def actor_targets(self) -> list[nn.Module]:
-        """The actor's target networks (TD3 has one, SAC none)."""
-        return []
 
     def actor_steps_per_update(self) -> Fraction:
         """Actor optimizer steps per `update()` (TD3 delays the actor)."""

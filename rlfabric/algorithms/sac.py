@@ -78,27 +78,12 @@ class SAC(OffPolicyAlgorithm):
         device: str = "cpu",
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        dims = (self.obs_dim, self.action_dim, cfg.hidden)
-        self.actor = TanhGaussianActor(*dims).to(self.device)
-        self.build_twin_critics()
+        self.build_networks(TanhGaussianActor(self.obs_dim, self.action_dim, cfg.hidden))
         self.log_alpha = torch.tensor(
             math.log(cfg.alpha_init), device=self.device, requires_grad=True
         )
         self.target_entropy = -float(self.action_dim)
-        self.model = self.actor
-        self.networks = {
-            "actor": self.actor,
-            "q1": self.q1,
-            "q2": self.q2,
-            "q1_target": self.q1_target,
-            "q2_target": self.q2_target,
-        }
-        self.optimizers = {
-            "actor": self.make_optimizer(self.actor),
-            "critic": self.make_optimizer(self.q1, self.q2),
-            "alpha": torch.optim.Adam([self.log_alpha], lr=cfg.lr),
-        }
-        self.optimizer = self.optimizers["actor"]
+        self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
 
     def deterministic_actor(self) -> nn.Module:
         return _TanhMean(self.actor)

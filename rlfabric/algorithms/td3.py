@@ -9,7 +9,6 @@ the action half range), actor and target updates every 2 critic updates.
 
 from __future__ import annotations
 
-import copy
 from fractions import Fraction
 from typing import Literal
 
@@ -62,30 +61,12 @@ class TD3(OffPolicyAlgorithm):
         device: str = "cpu",
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        dims = (self.obs_dim, self.action_dim, cfg.hidden)
-        self.actor = DeterministicActor(*dims).to(self.device)
-        self.build_twin_critics()
-        self.actor_target = copy.deepcopy(self.actor)
-        self.model = self.actor
-        self.networks = {
-            "actor": self.actor,
-            "q1": self.q1,
-            "q2": self.q2,
-            "actor_target": self.actor_target,
-            "q1_target": self.q1_target,
-            "q2_target": self.q2_target,
-        }
-        self.optimizers = {
-            "actor": self.make_optimizer(self.actor),
-            "critic": self.make_optimizer(self.q1, self.q2),
-        }
-        self.optimizer = self.optimizers["actor"]
+        actor = DeterministicActor(self.obs_dim, self.action_dim, cfg.hidden)
+        self.build_networks(actor, actor_target=True)
+        self.actor_target = self.networks["actor_target"]
 
     def deterministic_actor(self) -> nn.Module:
         return self.actor
-
-    def actor_targets(self) -> list[nn.Module]:
-        return [self.actor_target]
 
     def actor_steps_per_update(self) -> Fraction:
         """One actor step every `policy_freq` updates (RLx2 `TD3.py`: actor T_end / policy_freq)."""

@@ -171,16 +171,12 @@ class ActorCriticAlgorithm(Algorithm):
         """Backward, global grad-norm clip if configured, step; returns the pre-clip norm.
 
         A sparse network's gradients are masked during backward, so the norm and the
-        clip see only its active weights.
+        clip see only its active weights; with data-parallel learners they see the
+        whole batch's gradient (`Algorithm.optimizer_step`).
         """
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        clip = self.cfg.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), clip if clip else float("inf")
-        )
-        self.optimizer_step(self.optimizer)
-        return grad_norm
+        return self.optimizer_step(self.optimizer, self.cfg.grad_clip)
 
     def optimizer_steps_per_update(self) -> int:
         """`gradient_step` calls per `update()`: one, unless the loss takes minibatches."""

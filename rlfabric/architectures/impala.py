@@ -23,7 +23,6 @@ import numpy as np
 import ray
 from pydantic import Field
 
-from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.runners import (
     LearnerAndRunners,
     LearnerProcess,
@@ -33,6 +32,7 @@ from rlfabric.architectures.runners import (
 from rlfabric.envs import EnvInfo
 from rlfabric.platform.acting import RecurrentStates, UniformActions, act_on_requests
 from rlfabric.platform.env_runner import StepTally
+from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.unrolls import UnrollAssembler
 
 if TYPE_CHECKING:
@@ -85,9 +85,7 @@ class ImpalaEnvRunner(RayEnvRunner):
 
     def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, index: int, seed: int) -> None:
         super().__init__(spec, env_info, index, seed)
-        self.algorithm = ALGORITHMS[spec.algo.name](
-            spec.algo, env_info.observation_space, env_info.action_space, spec.model, "cpu"
-        )
+        self.algorithm = make_algorithm(spec, env_info, None, "cpu", sparse=False)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.states = RecurrentStates(self.algorithm.initial_state)
         self.tally = StepTally()

@@ -78,10 +78,9 @@ class LearnerWorker:
 class LearnerGroup:
     """Learner 0's side: joins the group, and cuts each batch for the workers."""
 
-    def __init__(self, learner: Learner, workers: list[Any], frame_budget: int | None) -> None:
+    def __init__(self, learner: Learner, workers: list[Any]) -> None:
         self.learner = learner
         self.workers = workers
-        self.frame_budget = frame_budget
 
     def join(self, address: str) -> None:
         world = len(self.workers) + 1
@@ -90,11 +89,12 @@ class LearnerGroup:
         algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
         self.learner.peers = self.dispatch
 
-    def dispatch(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
-        """Send shards 1..N-1 to the workers; return shard 0 and a wait for them."""
+    def dispatch(
+        self, batch: dict[str, np.ndarray], progress: float | None
+    ) -> tuple[dict[str, np.ndarray], Any]:
+        """Send shards 1..N-1 (and the run's progress, for lr annealing) to the workers;
+        return shard 0 and a wait for them."""
         shards = shard_batch(batch, len(self.workers) + 1)
-        budget = self.frame_budget
-        progress = self.learner.counters["env_frames"] / budget if budget else None
         refs = [w.update.remote(s, progress) for w, s in zip(self.workers, shards[1:])]
         return shards[0], lambda: ray.get(refs)
 

@@ -18,7 +18,7 @@ from rlfabric.architectures.base import ArchConfig, Architecture
 from rlfabric.platform.acting import RecurrentStates, act_on_requests
 from rlfabric.platform.env_runner import EnvRunner, Request, tally
 from rlfabric.platform.learner import Learner
-from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
+from rlfabric.platform.replay_feed import ReplayFeed
 from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
 
 
@@ -41,12 +41,10 @@ class LocalArchitecture(Architecture):
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.batches = BatchBuilder(spec.algo.batch_size)
-        self.replay: ReplayFeed | None = None
-        if self.learner.algorithm.data == "replay":
-            streams = StreamMap(1, spec.env.num_envs, self.runner.num_groups)
-            self.replay = ReplayFeed(self.learner, spec, self.env_info, streams, threading.Lock())
-            if state is not None and "replay" in state:
-                self.replay.load_state_dict(state["replay"])
+        self.replay = ReplayFeed.for_learner(
+            self.learner, spec, self.env_info, 1, self.runner.num_groups, threading.Lock(), state
+        )
+        self._running = threading.Event()  # never set: one process, nothing to stop
         self.pending: list[Request] = [self.runner.reset(g) for g in range(self.runner.num_groups)]
 
     def step(self) -> dict[str, float]:
@@ -76,7 +74,7 @@ class LocalArchitecture(Architecture):
         )
         unroll = self.assembler.add(request["key"], request, action, acted.extras, acted.state)
         if unroll is not None and self.replay is not None:
-            self.replay.add_unroll(unroll, request["key"], threading.Event())
+            self.replay.add_unroll(unroll, request["key"], self._running)
             while self.replay.train_step(timeout=0):  # every update the new data is owed
                 pass
         elif unroll is not None:
@@ -90,8 +88,7 @@ class LocalArchitecture(Architecture):
     def get_state(self) -> dict[str, Any]:
         state = self.learner.state_dict()
         if self.replay is not None:
-            max_bytes = int(self.spec.run.checkpoint_replay_mb * 2**20)
-            state["replay"] = self.replay.state_dict(max_bytes)
+            state["replay"] = self.replay.state_dict()
         return state
 
     def stop(self) -> None:

@@ -41,7 +41,7 @@ from rlfabric.platform.env_runner import EnvRunner
 from rlfabric.platform.errors import RLFabricError
 from rlfabric.platform.learner import Learner
 from rlfabric.platform.replay import ReplayBuffer
-from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
+from rlfabric.platform.replay_feed import ReplayFeed
 from rlfabric.platform.unrolls import BatchBuilder
 from rlfabric.platform.workers import ThreadPool
 
@@ -102,7 +102,6 @@ class LearnerProcess:
         # A GPU Ray gave this actor (resources.num_gpus_per_learner) trains and infers.
         self.device = device_for_this_actor()
         self.learner = Learner(spec, env_info, frame_budget, self.device)
-        self.frame_budget = frame_budget
         if state is not None:
             self.learner.load_state_dict(state)
         self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(queue_capacity)
@@ -110,22 +109,18 @@ class LearnerProcess:
         self._builder_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._stopping = threading.Event()
-        self.replay: ReplayFeed | None = None
-        if self.learner.algorithm.data == "replay":
-            streams = StreamMap(
-                spec.resources.num_env_runners, spec.env.num_envs, spec.arch.env_groups
-            )
-            factory = (
-                RemoteReplayBuffer.from_spaces
-                if spec.resources.replay_actor
-                else ReplayBuffer.from_spaces
-            )
-            self.replay = ReplayFeed(
-                self.learner, spec, env_info, streams, self._update_lock, factory
-            )
-            if state is not None and "replay" in state:
-                self.replay.load_state_dict(state["replay"])
-        self.replay_checkpoint_bytes = int(spec.run.checkpoint_replay_mb * 2**20)
+        self.replay = ReplayFeed.for_learner(
+            self.learner,
+            spec,
+            env_info,
+            spec.resources.num_env_runners,
+            spec.arch.env_groups,
+            self._update_lock,
+            state,
+            RemoteReplayBuffer.from_spaces
+            if spec.resources.replay_actor
+            else ReplayBuffer.from_spaces,
+        )
         self.trainers = ThreadPool(self._train_step, "trainer")
         self.trainers.resize(trainers)
 
@@ -184,7 +179,7 @@ class LearnerProcess:
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`architectures.learner_group`)."""
-        LearnerGroup(self.learner, workers, self.frame_budget).join(address)
+        LearnerGroup(self.learner, workers).join(address)
 
     def metrics(self) -> dict[str, float]:
         for pool in self.pools():
@@ -205,7 +200,7 @@ class LearnerProcess:
         with self._update_lock:
             state = self.learner.state_dict()
             if self.replay is not None:
-                state["replay"] = self.replay.state_dict(self.replay_checkpoint_bytes)
+                state["replay"] = self.replay.state_dict()
             return state
 
     def stop(self) -> None:

@@ -40,6 +40,8 @@ class EpisodeTracker:
         # Episodic life: envs whose last done was a life loss, and the game's frame count then.
         self._life_lost = np.zeros(num_envs, dtype=bool)
         self._frame_at_life_loss = np.zeros(num_envs, dtype=np.int64)
+        self.ended = np.zeros(num_envs, dtype=bool)
+        """bool [N]: the envs whose episode the last `update` ended (its returns' order)."""
 
     @property
     def first(self) -> np.ndarray:
@@ -86,6 +88,7 @@ class EpisodeTracker:
             ended = (done & ~life_lost) | restarted
             self._life_lost = life_lost
             self._frame_at_life_loss = np.where(life_lost, frame, self._frame_at_life_loss)
+        self.ended = ended
         returns, lengths = self._returns[ended], self._lengths[ended]
         self._returns[ended] = 0.0
         self._lengths[ended] = 0

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlfabric.algorithms import Algorithm
-from rlfabric.envs import EnvConfig, describe_env, make_vector_env
+from rlfabric.envs import EnvConfig, EpisodeTracker, describe_env, make_vector_env
 from rlfabric.envs.config import find_spec, is_atari
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
 from rlfabric.platform.errors import CheckpointError, RLFabricError
@@ -40,6 +40,13 @@ class Evaluation:
         return float(self.returns.std())
 
 
+def whole_games(env_cfg: EnvConfig) -> EnvConfig:
+    """The env as trained, but an Atari episode is the whole game (no episodic life)."""
+    return env_cfg.model_copy(
+        update={"atari": env_cfg.atari.model_copy(update={"episodic_life": False})}
+    )
+
+
 def evaluate(
     algorithm: Algorithm,
     env_cfg: EnvConfig,
@@ -52,26 +59,20 @@ def evaluate(
 
     The default seed keeps evaluation episodes apart from the training envs' seeds.
     """
-    cfg = env_cfg.model_copy(
-        update={"atari": env_cfg.atari.model_copy(update={"episodic_life": False})}
-    )
-    envs = make_vector_env(cfg, episodes, seed)
+    envs = make_vector_env(whole_games(env_cfg), episodes, seed)
     try:
         obs, _ = envs.reset(seed=seed)
         state = algorithm.initial_state(episodes)
-        first = np.ones(episodes, bool)  # the observation starts an episode
-        autoreset = np.zeros(episodes, bool)  # NEXT_STEP: this step only resets the env
-        running, steps = np.zeros(episodes), np.zeros(episodes, np.int64)
+        tracker = EpisodeTracker(episodes)
         returns, lengths = np.full(episodes, np.nan), np.zeros(episodes, np.int64)
         while np.isnan(returns).any():
-            action, _, state = algorithm.act(obs, state, first, deterministic=deterministic)
+            action, _, state = algorithm.act(obs, state, tracker.first, deterministic=deterministic)
             obs, reward, terminated, truncated, _ = envs.step(action)
-            counted = ~autoreset
-            running += np.where(counted, reward, 0.0)
-            steps += counted
-            ended = (terminated | truncated) & counted & np.isnan(returns)
-            returns[ended], lengths[ended] = running[ended], steps[ended]
-            first, autoreset = autoreset, terminated | truncated
+            ended_returns, ended_lengths = tracker.update(reward, terminated, truncated)
+            first_time = np.isnan(returns[tracker.ended])  # keep each env's first episode
+            envs_ended = np.flatnonzero(tracker.ended)[first_time]
+            returns[envs_ended] = ended_returns[first_time]
+            lengths[envs_ended] = ended_lengths[first_time]
         return Evaluation(returns, lengths)
     finally:
         envs.close()
@@ -112,12 +113,9 @@ def record_video(
     import imageio.v3 as iio
 
     atari = is_atari(find_spec(env_cfg.id))
-    cfg = env_cfg.model_copy(
-        update={
-            "atari": env_cfg.atari.model_copy(update={"episodic_life": False}),
-            "kwargs": env_cfg.kwargs if atari else {**env_cfg.kwargs, "render_mode": "rgb_array"},
-        }
-    )
+    cfg = whole_games(env_cfg)
+    if not atari:
+        cfg = cfg.model_copy(update={"kwargs": {**cfg.kwargs, "render_mode": "rgb_array"}})
     envs = make_vector_env(cfg, 1, seed)
     frames, total = [], 0.0
     try:

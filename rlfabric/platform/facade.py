@@ -96,9 +96,7 @@ class _Evaluator:
 
     def __init__(self, spec: ExperimentSpec, env_info: EnvInfo) -> None:
         self.spec = spec
-        self.algorithm = ALGORITHMS[spec.algo.name](
-            spec.algo, env_info.observation_space, env_info.action_space, spec.model
-        )
+        self.algorithm = make_algorithm(spec, env_info, None, sparse=False)
 
     def __call__(self, weights: dict[str, Any]) -> dict[str, float]:
         self.algorithm.set_weights(weights)

@@ -74,17 +74,24 @@ def available_device(device: str) -> str:
 
 
 def make_algorithm(
-    spec: ExperimentSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
+    spec: ExperimentSpec,
+    env_info: EnvInfo,
+    frame_budget: int | None,
+    device: str = "cpu",
+    *,
+    sparse: bool = True,
 ) -> Algorithm:
     """The spec's algorithm on the env's spaces, sparse where `spec.sparse` says (RLx2).
 
     The topology freezes after `sparse.t_end` updates, or by default after the
-    updates the run's frame budget makes (RLx2: at the end of training).
+    updates the run's frame budget makes (RLx2: at the end of training). A copy
+    that only acts (`sparse=False`: env runners, inference, evaluation) needs no
+    masks: the weights it loads are already zero where masked.
     """
     algorithm = ALGORITHMS[spec.algo.name](
         spec.algo, env_info.observation_space, env_info.action_space, spec.model, device
     )
-    if spec.sparse.enabled:
+    if sparse and spec.sparse.enabled:
         steps = frame_budget // env_info.frameskip if frame_budget else None
         total = algorithm.expected_updates(steps) if steps is not None else None
         algorithm.sparsify(spec.sparse, total, spec.run.seed)
@@ -105,13 +112,8 @@ class Learner:
         # after every update (resources.inference_device).
         self.inference = self.algorithm
         if spec.resources.inference_device != "learner":
-            self.inference = ALGORITHMS[spec.algo.name](
-                spec.algo,
-                env_info.observation_space,
-                env_info.action_space,
-                spec.model,
-                available_device(spec.resources.inference_device),
-            )
+            device = available_device(spec.resources.inference_device)
+            self.inference = make_algorithm(spec, env_info, None, device, sparse=False)
             self.inference.model.load_state_dict(self.algorithm.model.state_dict())
         # Replay algorithms act uniformly at random until their first update (the warm-up).
         self.explore = (
@@ -126,8 +128,9 @@ class Learner:
         self.lengths: deque[int] = deque(maxlen=100)
         self.stats = IntervalStats()
         self.max_nonfinite_updates = spec.run.max_nonfinite_updates
-        # Set by a group of data-parallel learners: batch -> (this learner's shard, wait).
-        self.peers: Callable[[dict[str, np.ndarray]], tuple[dict, Callable[[], Any]]] | None = None
+        # Set by a group of data-parallel learners: (batch, run progress) -> (this learner's
+        # shard, a wait for the others).
+        self.peers: Callable[..., tuple[dict[str, np.ndarray], Callable[[], Any]]] | None = None
         self._nonfinite_in_row = 0
         self._lock = threading.Lock()  # counters and windows are touched by several threads
 
@@ -175,12 +178,13 @@ class Learner:
             )
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        if self.frame_budget:
-            self.algorithm.set_progress(self.counters["env_frames"] / self.frame_budget)
+        progress = self.counters["env_frames"] / self.frame_budget if self.frame_budget else None
+        if progress is not None:
+            self.algorithm.set_progress(progress)
         start = time.perf_counter()
         skipped_before = self.algorithm.nonfinite_steps
         if self.peers is not None:  # data-parallel: the other learners take the other shards
-            local, wait = self.peers(batch)
+            local, wait = self.peers(batch, progress)
             metrics = self.algorithm.update(local)
             wait()
         else:

@@ -77,6 +77,7 @@ class ReplayFeed:
         cfg = spec.algo
         self.learner = learner
         self.cfg = cfg
+        self.checkpoint_replay_mb = spec.run.checkpoint_replay_mb
         self.streams = streams
         self.update_lock = update_lock
         self.dynamic: DynamicCapacity | None = None
@@ -104,6 +105,28 @@ class ReplayFeed:
         # Where the ratio counts from: (stored, updates) when warm-up began (see load_state_dict).
         self._origin = (0, 0)
         self._cond = threading.Condition()
+
+    @classmethod
+    def for_learner(
+        cls,
+        learner: Learner,
+        spec: ExperimentSpec,
+        env_info: EnvInfo,
+        num_runners: int,
+        num_groups: int,
+        update_lock: threading.Lock,
+        state: dict[str, Any] | None,
+        buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
+    ) -> ReplayFeed | None:
+        """The feed of a replay algorithm's learner, restored from a checkpoint's `state`;
+        None for a trajectory algorithm."""
+        if learner.algorithm.data != "replay":
+            return None
+        streams = StreamMap(num_runners, spec.env.num_envs, num_groups)
+        feed = cls(learner, spec, env_info, streams, update_lock, buffer_factory)
+        if state is not None and "replay" in state:
+            feed.load_state_dict(state["replay"])
+        return feed
 
     # -- the ratio ------------------------------------------------------------------
     def _owed(self, stored: int) -> int:
@@ -189,12 +212,15 @@ class ReplayFeed:
             out["policy_distance"] = self.policy_distance
         return out
 
-    def state_dict(self, max_bytes: int) -> dict[str, Any]:
-        """Counters, the buffer's parameters and RNG, and its contents if under `max_bytes`.
+    def state_dict(self, max_bytes: int | None = None) -> dict[str, Any]:
+        """Counters, the buffer's parameters and RNG, and its contents if under `max_bytes`
+        (default `run.checkpoint_replay_mb`).
 
         Arrays become tensors and the RNG state (128-bit integers) a JSON string, so
         that `torch.load(weights_only=True)` reads the checkpoint.
         """
+        if max_bytes is None:
+            max_bytes = int(self.checkpoint_replay_mb * 2**20)
         with self._cond:
             contents = self.buffer.nbytes <= max_bytes
             state = self.buffer.state_dict(contents=contents)
@@ -213,8 +239,8 @@ class ReplayFeed:
         again (`warmup_steps` new transitions, acted by the current policy)
         before updates resume, so that they never sample a handful of transitions.
         """
-        buffer_state = _to_numpy(state["buffer"])
-        buffer_state["rng"] = json.loads(buffer_state["rng"])
+        # ReplayBuffer.load_state_dict takes the tensors as they are.
+        buffer_state = {**state["buffer"], "rng": json.loads(state["buffer"]["rng"])}
         with self._cond:
             self.buffer.load_state_dict(buffer_state)
             self.stored = int(state["stored"])
@@ -229,12 +255,4 @@ def _to_torch(value: Any) -> Any:
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, dict):
         return {k: _to_torch(v) for k, v in value.items()}
-    return value
-
-
-def _to_numpy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    if isinstance(value, dict):
-        return {k: _to_numpy(v) for k, v in value.items()}
     return value
