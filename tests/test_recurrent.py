@@ -1,4 +1,11 @@
-"""LSTM policies: the state carried at acting time equals the learner's recomputation."""
+"""LSTM policies: the state carried at acting time equals the learner's recomputation.
+
+Up to float rounding: the learner runs the torso once over T x B rows where
+acting ran it over B rows at a time, and on some CPUs the matmul kernels
+chosen for the two shapes round differently (one ulp, seen on this project's
+CI machine). A wrong state, a missed reset or a shifted step differs by
+orders of magnitude more than `ULPS`.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +21,12 @@ from rlfabric.algorithms import ALGORITHMS
 from rlfabric.algorithms.trajectory import evaluate
 from rlfabric.envs import EnvConfig
 from rlfabric.models import ActorCritic, ModelConfig
-from rlfabric.platform.acting import RecurrentStates, act_on_requests
-from rlfabric.platform.env_runner import EnvRunner
-from rlfabric.platform.unrolls import UnrollAssembler
+from rlfabric.runtime.acting import RecurrentStates, act_on_requests
+from rlfabric.runtime.env_runner import EnvRunner
+from rlfabric.runtime.unrolls import UnrollAssembler
+
+#: A few float32 ulps around 1: the rounding that row-count-dependent kernels allow.
+ULPS = 1e-6
 
 
 def _collect(algo_name: str, steps: int, T: int = 8):
@@ -43,7 +53,7 @@ def _collect(algo_name: str, steps: int, T: int = 8):
 
 
 @pytest.mark.parametrize("algo_name", ["vtrace", "a3c", "ppo"])
-def test_learner_recomputes_the_actors_policy_bit_for_bit(algo_name):
+def test_learner_recomputes_the_actors_policy(algo_name):
     algo, unrolls = _collect(algo_name, steps=60)
     assert len(unrolls) >= 5
     assert any(u["is_first"][1:].any() for u in unrolls)  # episodes ended inside unrolls
@@ -51,7 +61,7 @@ def test_learner_recomputes_the_actors_policy_bit_for_bit(algo_name):
         batch = {k: torch.as_tensor(v) for k, v in unroll.items()}
         with torch.no_grad():
             logp, _, _ = evaluate(algo.model, batch)
-        assert torch.equal(logp, batch["logp"])
+        torch.testing.assert_close(logp, batch["logp"], rtol=0, atol=ULPS)
 
 
 def test_state_at_unroll_start_equals_state_carried_through_the_previous_unroll():
@@ -63,7 +73,7 @@ def test_state_at_unroll_start_equals_state_carried_through_the_previous_unroll(
                 torch.as_tensor(prev["is_first"][:-1]),
                 torch.as_tensor(prev["state"][0]),
             )
-        assert torch.equal(state, torch.as_tensor(nxt["state"][0]))
+        torch.testing.assert_close(state, torch.as_tensor(nxt["state"][0]), rtol=0, atol=ULPS)
 
 
 def test_state_resets_where_an_episode_starts():
