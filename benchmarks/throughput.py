@@ -26,8 +26,8 @@ import torch
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.envs import describe_env, make_vector_env
-from rlfabric.platform.env_runner import group_sizes
 from rlfabric.platform.reporting import read_records
+from rlfabric.runtime.env_runner import group_sizes
 
 #: Throughput settings per env: IMPALA's batch (32 unrolls of 20) for both;
 #: enough envs per group that a remote call carries at least 64 env steps.

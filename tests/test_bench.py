@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rlfabric.errors import SpecError
 from rlfabric.platform.bench import format_table, plan_bench, run_bench
-from rlfabric.platform.errors import SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "specs"
 

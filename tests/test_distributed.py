@@ -12,7 +12,7 @@ from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.envs import EnvConfig, describe_env
 from rlfabric.models import ModelConfig
-from rlfabric.platform.distributed import GradientAllReduce, join_group, leave_group, shard_batch
+from rlfabric.runtime.distributed import GradientAllReduce, join_group, leave_group, shard_batch
 
 
 def _batch(seed: int, T: int = 6, B: int = 8) -> dict[str, np.ndarray]:
@@ -105,7 +105,7 @@ def test_seed_with_two_learners_keeps_them_identical(ray_session, tmp_path):
 
 
 def test_bad_learner_counts_fail_before_anything_starts():
-    from rlfabric.platform.errors import SpecError
+    from rlfabric.errors import SpecError
 
     with pytest.raises(SpecError, match=r"algo.batch_size=8 does not split into"):
         Platform(arch="seed", algo=FAST_VTRACE, resources={"num_learners": 3})
@@ -126,7 +126,7 @@ def test_inference_on_its_own_device_follows_every_update(tmp_path):
     result = platform.fit()
     assert result.metrics["episode_return_mean"] > 2 * 22.0
 
-    from rlfabric.platform.learner import Learner
+    from rlfabric.runtime.learner import Learner
 
     learner = Learner(platform.spec, platform.env_info, frame_budget=None)
     assert learner.inference is not learner.algorithm
@@ -136,7 +136,7 @@ def test_inference_on_its_own_device_follows_every_update(tmp_path):
 
 
 def test_an_unknown_inference_device_is_refused():
-    from rlfabric.platform.errors import SpecError
+    from rlfabric.errors import SpecError
 
     with pytest.raises(SpecError, match=r"resources.inference_device"):
         Platform(arch="seed", algo="vtrace", resources={"inference_device": "tpu"})

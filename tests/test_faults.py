@@ -12,9 +12,9 @@ from test_training import FAST_VTRACE
 
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
+from rlfabric.errors import RLFabricError
 from rlfabric.models import ModelConfig
 from rlfabric.platform.checkpoint import load_checkpoint
-from rlfabric.platform.errors import RLFabricError
 
 
 class NaNRewardCartPole(gym.Wrapper):

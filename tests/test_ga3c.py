@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from rlfabric.platform.autotune import DynamicAdjuster
-from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.stats import IntervalStats
-from rlfabric.platform.workers import ThreadPool
+from rlfabric.runtime.autotune import DynamicAdjuster
+from rlfabric.runtime.inference import InferenceServer
+from rlfabric.runtime.stats import IntervalStats
+from rlfabric.runtime.workers import ThreadPool
 
 KNOBS = {"env_runners": [1, 2, 3, 4], "predictors": [1, 2, 3], "trainers": [1, 2, 3]}
 START = {"env_runners": 2, "predictors": 2, "trainers": 2}

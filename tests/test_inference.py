@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.stats import IntervalStats
+from rlfabric.runtime.inference import InferenceServer
+from rlfabric.runtime.stats import IntervalStats
 
 
 def _server(min_batch=1, max_batch=64, timeout_s=0.05, delay=0.0):

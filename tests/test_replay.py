@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfabric.platform.replay import BATCH_KEYS, DynamicCapacity, ReplayBuffer
+from rlfabric.runtime.replay import BATCH_KEYS, DynamicCapacity, ReplayBuffer
 
 GAMMA = 0.9
 

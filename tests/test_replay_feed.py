@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from rlfabric.envs import EnvConfig, describe_env
-from rlfabric.platform.env_runner import EnvRunner
-from rlfabric.platform.learner import Learner
-from rlfabric.platform.replay import ReplayBuffer
-from rlfabric.platform.replay_feed import ReplayFeed, StreamMap
 from rlfabric.platform.spec import ExperimentSpec
-from rlfabric.platform.unrolls import UnrollAssembler
+from rlfabric.runtime.env_runner import EnvRunner
+from rlfabric.runtime.feeds import ReplayFeed, StreamMap
+from rlfabric.runtime.learner import Learner
+from rlfabric.runtime.replay import ReplayBuffer
+from rlfabric.runtime.unrolls import UnrollAssembler
 
 
 def _random_run(runner: EnvRunner, steps: int, rng: np.random.Generator):

@@ -16,7 +16,7 @@ from rlfabric.algorithms.offpolicy import polyak
 from rlfabric.algorithms.sac import SAC, SACConfig
 from rlfabric.algorithms.td3 import TD3, TD3Config
 from rlfabric.models import ModelConfig
-from rlfabric.platform.replay import ReplayBuffer
+from rlfabric.runtime.replay import ReplayBuffer
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACT = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([3.0, 1.0], np.float32))

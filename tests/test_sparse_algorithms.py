@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlfabric.algorithms import ALGORITHMS, Algorithm
+from rlfabric.errors import SpecError
 from rlfabric.models import ModelConfig
-from rlfabric.platform.errors import SpecError
 from rlfabric.platform.spec import ExperimentSpec
 from rlfabric.sparse import SparseConfig
 from rlfabric.sparse.distribution import sparsifiable_layers

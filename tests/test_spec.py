@@ -11,7 +11,7 @@ import yaml
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.algorithms.vtrace import VTrace, VTraceConfig
-from rlfabric.platform.errors import SpecError
+from rlfabric.errors import SpecError
 from rlfabric.platform.spec import DEFAULT_ENV_FRAMES, ExperimentSpec, apply_overrides
 
 

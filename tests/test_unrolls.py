@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+from rlfabric.runtime.unrolls import BatchBuilder, UnrollAssembler
 
 
 def _request(step: int, n: int, run_id: str = "a") -> dict:

@@ -2,7 +2,7 @@
 
 Both learn from replay batches (ARCHITECTURE.md, "Batch"): `obs [B, ...]`,
 `action [B, A]` in the env's units, `reward [B]`, `next_obs [B, ...]` and
-`discount [B]`, with n-step folding done by `platform.replay.ReplayBuffer`, so
+`discount [B]`, with n-step folding done by `runtime.replay.ReplayBuffer`, so
 `discount` is already gamma^m (m the fold length) or 0 after a termination. A
 target is therefore `reward + discount * bootstrap`; gamma is never applied
 again here.

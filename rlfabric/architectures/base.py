@@ -1,4 +1,4 @@
-"""The Architecture contract: a topology that wires platform pieces together.
+"""The Architecture contract: a topology that wires runtime pieces together.
 
 `start(state)` creates the processes (restoring checkpoint state if given),
 `step()` runs one reporting interval and returns the learner's metrics,
@@ -9,14 +9,12 @@ A new topology is one file and one line in `ARCHITECTURES`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlfabric.envs import EnvInfo
-
-if TYPE_CHECKING:
-    from rlfabric.platform.spec import ExperimentSpec, StopConfig
+from rlfabric.runtime.config import LearningSpec, StopConfig
 
 
 class ArchConfig(BaseModel):
@@ -27,6 +25,34 @@ class ArchConfig(BaseModel):
     name: str = Field(description="registered architecture name")
 
 
+class RunnerArchConfig(ArchConfig):
+    """Fields of every topology with env runner actors (seed, impala, ga3c)."""
+
+    env_groups: int = Field(2, ge=1, description="env groups per runner that step alternately")
+    queue_capacity: int = Field(
+        1, ge=1, description="batches queued for the trainer (backpressure)"
+    )
+    max_runner_restarts: int = Field(
+        100, ge=0, description="env runner crashes tolerated before the run fails"
+    )
+    autotune: bool = Field(
+        False,
+        description="GA3C's dynamic adjuster: random-walk the worker counts (and batch sizes) "
+        "every autotune_interval_s, keeping a change only if learner throughput did not fall",
+    )
+    autotune_interval_s: float = Field(20.0, gt=0, description="seconds per adjuster window")
+    max_env_runners: int = Field(
+        4, ge=1, description="most env runners the adjuster may run (with autotune)"
+    )
+
+
+class TopologySpec(LearningSpec, Protocol):
+    """What an architecture reads of an experiment: the runtime's sections and its own."""
+
+    @property
+    def arch(self) -> Any: ...
+
+
 class Architecture(ABC):
     config_cls: ClassVar[type[ArchConfig]]
     #: Whether the platform must start Ray before `start`.
@@ -34,7 +60,7 @@ class Architecture(ABC):
     #: Algorithm data kinds this topology can feed.
     data_kinds: ClassVar[tuple[str, ...]] = ("trajectory", "replay")
 
-    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, stop: StopConfig) -> None:
+    def __init__(self, spec: TopologySpec, env_info: EnvInfo, stop: StopConfig) -> None:
         self.spec = spec
         self.env_info = env_info
         self.stop_conditions = stop

@@ -8,11 +8,14 @@
 Runners put observations on the prediction queue and get actions back;
 predictor threads block for the first request, then drain whatever else is
 waiting up to the prediction batch size, and run one forward pass. Runners
-collect their own experiences and put unrolls of t_max steps (the algorithm's
-unroll_length) on the training queue; trainer threads concatenate them into
-batches and update. The dynamic adjuster (on by default, as in GA3C) changes
-the numbers of runners, predictors and trainers to maximise trainings per
-second.
+collect their own experiences (observations, actions, rewards, dones) and
+put unrolls of t_max steps (the algorithm's unroll_length) on the training
+queue; trainer threads concatenate them into batches and update. What the
+policy computed when it acted (behaviour log-probs, policy version, the
+recurrent state) never travels to the runner: the learner's process keeps it
+per request (`ActedLedger`) and joins it to the unroll that arrives. The
+dynamic adjuster (on by default, as in GA3C) changes the numbers of runners,
+predictors and trainers to maximise trainings per second.
 
 Two departures, both for correctness: the algorithm computes the n-step
 returns on the learner (runners stay algorithm-agnostic, and the bootstrap
@@ -24,27 +27,22 @@ update, as GA3C's did with its TF session.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import ray
 from pydantic import Field
 
-from rlfabric.architectures.runners import (
-    LearnerAndRunners,
-    LearnerProcess,
-    RayEnvRunner,
-    RunnerArchConfig,
-)
+from rlfabric.architectures.base import RunnerArchConfig, TopologySpec
+from rlfabric.architectures.runner_pool import RayEnvRunner
+from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.acting import Acted, RecurrentStates, act_on_requests
-from rlfabric.platform.env_runner import Request, tally
-from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.unrolls import UnrollAssembler
-from rlfabric.platform.workers import ThreadPool
-
-if TYPE_CHECKING:
-    from rlfabric.platform.spec import ExperimentSpec
+from rlfabric.runtime.acting import ActedLedger, RecurrentStates, act_on_requests
+from rlfabric.runtime.env_runner import Request
+from rlfabric.runtime.inference import InferenceServer
+from rlfabric.runtime.learner_process import LearnerProcess
+from rlfabric.runtime.unrolls import UnrollAssembler
+from rlfabric.runtime.workers import ThreadPool
 
 
 class GA3CConfig(RunnerArchConfig):
@@ -70,20 +68,29 @@ class GA3CConfig(RunnerArchConfig):
 class GA3CLearner(LearnerProcess):
     """The learner process: prediction queue + predictors, training queue + trainers."""
 
-    queue_metric = "training_queue"
-
     def __init__(
         self,
-        spec: ExperimentSpec,
+        spec: TopologySpec,
         env_info: EnvInfo,
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        cfg: GA3CConfig = spec.arch  # type: ignore[assignment]
+        cfg: GA3CConfig = spec.arch
         # Runners ship a whole env group per unroll; GA3C's queue counts single-env ones.
         unrolls = max(1, cfg.training_queue_size // (spec.env.num_envs // cfg.env_groups))
-        super().__init__(spec, env_info, frame_budget, state, unrolls, trainers=cfg.trainers)
+        super().__init__(
+            spec,
+            env_info,
+            frame_budget,
+            state,
+            capacity=unrolls,
+            trainers=cfg.trainers,
+            batch_on="train",
+            queue_metric="training_queue",
+            **learner_options(spec),
+        )
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
+        self.acted = ActedLedger()
         self.server = InferenceServer(
             self._predict,
             min_batch=1,
@@ -95,30 +102,24 @@ class GA3CLearner(LearnerProcess):
         self.server.start()
 
     # -- called by env runners ---------------------------------------------------
-    def predict(self, request: Request) -> Acted | None:
+    def predict(self, request: Request, tally: dict[str, Any]) -> np.ndarray | None:
+        """One group step (and the runner's step counts since its last call) in, its
+        actions out (None: stop)."""
+        self.learner.record_steps(tally)
         return self.server.infer(request)
 
-    def train(self, unroll: dict[str, np.ndarray], key: tuple[int, int]) -> bool:
-        """Put an unroll on the training queue (blocks while full). False once stopping.
+    def train(self, unroll: dict[str, np.ndarray], key: tuple[int, int], run_id: str) -> bool:
+        """Put an unroll on the training queue (blocks while full), with what the policy
+        computed for its steps. False once stopping."""
+        full = self.acted.attach(unroll, key, run_id)
+        return full is None or self.add_unroll(full, key)
 
-        A replay algorithm's unrolls go into the replay buffer instead.
-        """
-        if self.replay is not None:
-            return self.enqueue_unroll(unroll, key)
-        return self.put(unroll)
-
-    # -- predictor and trainer threads ----------------------------------------------
-    def _predict(self, requests: list[Request]) -> list[Acted]:
-        for request in requests:
-            self.learner.record_steps(tally(request))
-        return act_on_requests(self.learner.act, self.states, requests)
-
-    def train_on(self, unroll: dict[str, np.ndarray]) -> None:
-        """A trainer concatenates unrolls into batches of B, then updates."""
-        with self._builder_lock:
-            batches = self.batch_builder.add(unroll)
-        for batch in batches:
-            super().train_on(batch)
+    # -- predictor threads ----------------------------------------------------------
+    def _predict(self, requests: list[Request]) -> list[np.ndarray]:
+        acted_all = act_on_requests(self.learner.act, self.states, requests)
+        for request, acted in zip(requests, acted_all):
+            self.acted.record(request, acted)
+        return [acted.action for acted in acted_all]
 
     def pools(self) -> list[ThreadPool]:
         return [*super().pools(), self.server.batchers]
@@ -133,6 +134,7 @@ class GA3CLearner(LearnerProcess):
         metrics = super().metrics()
         metrics["predictors"] = self.server.batchers.size
         metrics["trainers"] = self.trainers.size
+        metrics["dropped_unrolls"] = self.acted.dropped_unrolls
         return metrics
 
     def stop(self) -> None:
@@ -144,30 +146,29 @@ class GA3CLearner(LearnerProcess):
 class GA3CEnvRunner(RayEnvRunner):
     """Asks the prediction queue for actions, collects unrolls, feeds the training queue."""
 
-    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, index: int, seed: int) -> None:
+    def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
         super().__init__(spec, env_info, index, seed)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
 
     def run(self, learner: Any) -> None:
         requests = [self.reset(g) for g in range(self.num_groups)]
-        pending = [learner.predict.remote(r) for r in requests]
+        pending = [learner.predict.remote(r, self.tally.take()) for r in requests]
         in_flight: ray.ObjectRef | None = None
         while True:
             for group in range(self.num_groups):
-                reply = ray.get(pending[group])
-                if reply is None:
+                action = ray.get(pending[group])
+                if action is None:
                     self.close()
                     return
-                action, extras, state = reply
                 request = requests[group]
-                unroll = self.assembler.add(request["key"], request, action, extras, state)
+                unroll = self.assembler.add(request["key"], request, action, {})
                 if unroll is not None:
                     if in_flight is not None and not ray.get(in_flight):
                         self.close()
                         return
-                    in_flight = learner.train.remote(unroll, request["key"])
+                    in_flight = learner.train.remote(unroll, request["key"], self.run_id)
                 requests[group] = self.step(group, action)
-                pending[group] = learner.predict.remote(requests[group])
+                pending[group] = learner.predict.remote(requests[group], self.tally.take())
 
 
 class GA3CArchitecture(LearnerAndRunners):
@@ -176,7 +177,7 @@ class GA3CArchitecture(LearnerAndRunners):
     runner_cls = GA3CEnvRunner
 
     def knobs(self) -> dict[str, list[int]]:
-        cfg: GA3CConfig = self.spec.arch  # type: ignore[assignment]
+        cfg: GA3CConfig = self.spec.arch
         return {
             **super().knobs(),
             "predictors": list(range(1, cfg.max_predictors + 1)),
@@ -184,5 +185,5 @@ class GA3CArchitecture(LearnerAndRunners):
         }
 
     def setting(self) -> dict[str, int]:
-        cfg: GA3CConfig = self.spec.arch  # type: ignore[assignment]
+        cfg: GA3CConfig = self.spec.arch
         return {**super().setting(), "predictors": cfg.predictors, "trainers": cfg.trainers}

@@ -17,26 +17,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import ray
 from pydantic import Field
 
-from rlfabric.architectures.runners import (
-    LearnerAndRunners,
-    LearnerProcess,
-    RayEnvRunner,
-    RunnerArchConfig,
-)
+from rlfabric.architectures.base import RunnerArchConfig, TopologySpec
+from rlfabric.architectures.runner_pool import RayEnvRunner
+from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.acting import RecurrentStates, UniformActions, act_on_requests
-from rlfabric.platform.env_runner import StepTally
-from rlfabric.platform.learner import make_algorithm
-from rlfabric.platform.unrolls import UnrollAssembler
-
-if TYPE_CHECKING:
-    from rlfabric.platform.spec import ExperimentSpec
+from rlfabric.runtime.acting import RecurrentStates, UniformActions, act_on_requests
+from rlfabric.runtime.learner import make_algorithm
+from rlfabric.runtime.learner_process import LearnerProcess
+from rlfabric.runtime.unrolls import UnrollAssembler
 
 
 class ImpalaConfig(RunnerArchConfig):
@@ -51,21 +45,29 @@ class ImpalaLearner(LearnerProcess):
 
     def __init__(
         self,
-        spec: ExperimentSpec,
+        spec: TopologySpec,
         env_info: EnvInfo,
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        super().__init__(spec, env_info, frame_budget, state, spec.arch.queue_capacity)
+        super().__init__(
+            spec,
+            env_info,
+            frame_budget,
+            state,
+            capacity=spec.arch.queue_capacity,
+            **learner_options(spec),
+        )
         self._weights_lock = threading.Lock()
         self._published: tuple[int, ray.ObjectRef] | None = None
 
     def submit(
         self, unroll: dict[str, np.ndarray], tally: dict[str, Any], key: tuple[int, int]
     ) -> bool:
-        """Called by env runners: one unroll; blocks while the queue is full. False: stop."""
+        """Called by env runners: one unroll and the runner's step counts since its last
+        call; blocks while the feed pushes back. False: stop."""
         self.learner.record_steps(tally)
-        return self.enqueue_unroll(unroll, key)
+        return self.add_unroll(unroll, key)
 
     def weights(self) -> list[Any]:
         """[version, ref to the weights]: one object store copy per version asked for.
@@ -83,12 +85,11 @@ class ImpalaLearner(LearnerProcess):
 class ImpalaEnvRunner(RayEnvRunner):
     """Acts with a local CPU copy of the policy and ships whole unrolls."""
 
-    def __init__(self, spec: ExperimentSpec, env_info: EnvInfo, index: int, seed: int) -> None:
+    def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
         super().__init__(spec, env_info, index, seed)
         self.algorithm = make_algorithm(spec, env_info, None, "cpu", sparse=False)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.states = RecurrentStates(self.algorithm.initial_state)
-        self.tally = StepTally()
         self.version = -1
         # A replay algorithm's warm-up: random actions until the learner's first update.
         self.explore = (
@@ -122,7 +123,6 @@ class ImpalaEnvRunner(RayEnvRunner):
         while True:
             for group in range(self.num_groups):
                 request = pending[group]
-                self.tally.add(request)
                 start = time.perf_counter()
                 (acted,) = act_on_requests(self._act, self.states, [request])
                 self.tally.inference_s += time.perf_counter() - start

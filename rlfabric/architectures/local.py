@@ -1,8 +1,9 @@
 """`local`: the whole loop in one process, no Ray.
 
 For debugging and for deterministic tests: one EnvRunner, inference and
-learning run in turn, so a seed fixes the run. It assembles unrolls and
-batches exactly as SEED's learner does, so it is the serial reference of SEED.
+learning run in turn, so a seed fixes the run. It assembles unrolls exactly
+as SEED's learner does and hands them to the same Feed, so it is the serial
+reference of SEED.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import torch
 from pydantic import Field
 
 from rlfabric.architectures.base import ArchConfig, Architecture
-from rlfabric.platform.acting import RecurrentStates, act_on_requests
-from rlfabric.platform.env_runner import EnvRunner, Request, tally
-from rlfabric.platform.learner import Learner
-from rlfabric.platform.replay_feed import ReplayFeed
-from rlfabric.platform.unrolls import BatchBuilder, UnrollAssembler
+from rlfabric.runtime.acting import RecurrentStates, act_on_requests
+from rlfabric.runtime.env_runner import EnvRunner, Request
+from rlfabric.runtime.feeds import make_feed
+from rlfabric.runtime.learner import Learner
+from rlfabric.runtime.unrolls import UnrollAssembler
 
 
 class LocalConfig(ArchConfig):
@@ -40,10 +41,18 @@ class LocalArchitecture(Architecture):
         self.runner = EnvRunner(spec.env, index=0, seed=seed)
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
-        self.batches = BatchBuilder(spec.algo.batch_size)
-        self.replay = ReplayFeed.for_learner(
-            self.learner, spec, self.env_info, 1, self.runner.num_groups, threading.Lock(), state
+        # One process: an unbounded queue, drained right after each unroll.
+        self.feed = make_feed(
+            self.learner,
+            spec,
+            self.env_info,
+            threading.Lock(),
+            num_runners=1,
+            num_groups=self.runner.num_groups,
+            capacity=0,
         )
+        if state is not None:
+            self.feed.restore(state)
         self._running = threading.Event()  # never set: one process, nothing to stop
         self.pending: list[Request] = [self.runner.reset(g) for g in range(self.runner.num_groups)]
 
@@ -55,14 +64,11 @@ class LocalArchitecture(Architecture):
                 self.pending[group] = self._step_group(group, request)
             if budget and self.learner.counters["env_frames"] >= budget:
                 break
-        metrics = self.learner.metrics()
-        if self.replay is not None:
-            metrics.update(self.replay.metrics())
-        return metrics
+        return {**self.learner.metrics(), **self.feed.metrics()}
 
     def _step_group(self, group: int, request: Request) -> Request:
         learner = self.learner
-        learner.record_steps(tally(request))
+        learner.record_steps(self.runner.tally.take())
         start = time.perf_counter()
         (acted,) = act_on_requests(learner.act, self.states, [request])
         action = acted.action
@@ -73,23 +79,17 @@ class LocalArchitecture(Architecture):
             }
         )
         unroll = self.assembler.add(request["key"], request, action, acted.extras, acted.state)
-        if unroll is not None and self.replay is not None:
-            self.replay.add_unroll(unroll, request["key"], self._running)
-            while self.replay.train_step(timeout=0):  # every update the new data is owed
+        if unroll is not None:
+            self.feed.add_unroll(unroll, request["key"], self._running)
+            while self.feed.train_step(timeout=0):  # every update the new data allows
                 pass
-        elif unroll is not None:
-            for batch in self.batches.add(unroll):
-                learner.update(batch)
         return self.runner.step(group, action)
 
     def policy_weights(self) -> dict[str, Any]:
         return self.learner.algorithm.get_weights()
 
     def get_state(self) -> dict[str, Any]:
-        state = self.learner.state_dict()
-        if self.replay is not None:
-            state["replay"] = self.replay.state_dict()
-        return state
+        return {**self.learner.state_dict(), **self.feed.checkpoint()}
 
     def stop(self) -> None:
         if hasattr(self, "runner"):

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import ray
 
-from rlfabric.platform.replay import ReplayBuffer
+from rlfabric.runtime.replay import ReplayBuffer
 
 
 class _BufferActor:

@@ -15,27 +15,22 @@ policy lag small; a long one only buys staleness.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import ray
 from pydantic import Field
 
-from rlfabric.architectures.runners import (
-    LearnerAndRunners,
-    LearnerProcess,
-    RayEnvRunner,
-    RunnerArchConfig,
-)
+from rlfabric.architectures.base import RunnerArchConfig, TopologySpec
+from rlfabric.architectures.runner_pool import RayEnvRunner
+from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.acting import RecurrentStates, act_on_requests
-from rlfabric.platform.env_runner import Request, tally
-from rlfabric.platform.inference import InferenceServer
-from rlfabric.platform.unrolls import UnrollAssembler
-from rlfabric.platform.workers import ThreadPool
-
-if TYPE_CHECKING:
-    from rlfabric.platform.spec import ExperimentSpec
+from rlfabric.runtime.acting import RecurrentStates, act_on_requests
+from rlfabric.runtime.env_runner import Request
+from rlfabric.runtime.inference import InferenceServer
+from rlfabric.runtime.learner_process import LearnerProcess
+from rlfabric.runtime.unrolls import UnrollAssembler
+from rlfabric.runtime.workers import ThreadPool
 
 
 class SeedConfig(RunnerArchConfig):
@@ -54,13 +49,20 @@ class SeedLearner(LearnerProcess):
 
     def __init__(
         self,
-        spec: ExperimentSpec,
+        spec: TopologySpec,
         env_info: EnvInfo,
         frame_budget: int | None,
         state: dict[str, Any] | None,
     ) -> None:
-        cfg: SeedConfig = spec.arch  # type: ignore[assignment]
-        super().__init__(spec, env_info, frame_budget, state, cfg.queue_capacity)
+        cfg: SeedConfig = spec.arch
+        super().__init__(
+            spec,
+            env_info,
+            frame_budget,
+            state,
+            capacity=cfg.queue_capacity,
+            **learner_options(spec),
+        )
         self.states = RecurrentStates(self.learner.algorithm.initial_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.server = InferenceServer(
@@ -72,20 +74,21 @@ class SeedLearner(LearnerProcess):
         )
         self.server.start()
 
-    def infer(self, request: Request) -> np.ndarray | None:
-        """Called by env runners: one group step in, its actions out (None: stop)."""
+    def infer(self, request: Request, tally: dict[str, Any]) -> np.ndarray | None:
+        """Called by env runners: one group step (and the runner's step counts since its
+        last call) in, its actions out (None: stop)."""
+        self.learner.record_steps(tally)
         return self.server.infer(request)
 
     def _infer_batch(self, requests: list[Request]) -> list[np.ndarray]:
         actions = []
         acted_all = act_on_requests(self.learner.act, self.states, requests)
         for request, acted in zip(requests, acted_all):
-            self.learner.record_steps(tally(request))
             unroll = self.assembler.add(
                 request["key"], request, acted.action, acted.extras, acted.state
             )
             if unroll is not None:
-                self.enqueue_unroll(unroll, request["key"])
+                self.add_unroll(unroll, request["key"])
             actions.append(acted.action)
         return actions
 
@@ -112,14 +115,17 @@ class SeedEnvRunner(RayEnvRunner):
 
     def run(self, learner: Any) -> None:
         """Step until the learner answers None; while one group steps, the other infers."""
-        pending = [learner.infer.remote(self.reset(g)) for g in range(self.num_groups)]
+        pending = [
+            learner.infer.remote(self.reset(g), self.tally.take()) for g in range(self.num_groups)
+        ]
         while True:
             for group in range(self.num_groups):
                 action = ray.get(pending[group])
                 if action is None:
                     self.close()
                     return
-                pending[group] = learner.infer.remote(self.step(group, action))
+                request = self.step(group, action)
+                pending[group] = learner.infer.remote(request, self.tally.take())
 
 
 class SeedArchitecture(LearnerAndRunners):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlfabric.platform.errors import CheckpointError
+from rlfabric.errors import CheckpointError
 
 _NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 

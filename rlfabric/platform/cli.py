@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rlfabric.platform.errors import RLFabricError
+from rlfabric.errors import RLFabricError
 
 
 def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:

@@ -20,10 +20,10 @@ import numpy as np
 from rlfabric.algorithms import Algorithm
 from rlfabric.envs import EnvConfig, EpisodeTracker, describe_env, make_vector_env
 from rlfabric.envs.config import find_spec, is_atari
+from rlfabric.errors import CheckpointError, RLFabricError
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
-from rlfabric.platform.errors import CheckpointError, RLFabricError
-from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.spec import ExperimentSpec
+from rlfabric.runtime.learner import make_algorithm
 
 
 @dataclass

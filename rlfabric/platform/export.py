@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rlfabric.algorithms import Algorithm
-from rlfabric.platform.errors import RLFabricError
+from rlfabric.errors import RLFabricError
 from rlfabric.platform.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,14 @@ import ray
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures import ARCHITECTURES, Architecture
 from rlfabric.envs import EnvInfo, describe_env
+from rlfabric.errors import CheckpointError, SpecError
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from rlfabric.platform.errors import CheckpointError, SpecError
 from rlfabric.platform.evaluate import evaluate
-from rlfabric.platform.learner import make_algorithm
 from rlfabric.platform.ray_setup import init_ray
 from rlfabric.platform.reporting import Reporter
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
+from rlfabric.runtime.learner import make_algorithm
 
 log = logging.getLogger(__name__)
 

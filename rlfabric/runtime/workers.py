@@ -18,7 +18,7 @@ class ThreadPool:
     stops that thread and is kept in `error` for the owner to raise.
     """
 
-    def __init__(self, step: Callable[[], None], name: str) -> None:
+    def __init__(self, step: Callable[[], object], name: str) -> None:
         self.step = step
         self.name = name
         self.error: BaseException | None = None

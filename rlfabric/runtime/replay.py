@@ -303,6 +303,9 @@ class ReplayBuffer:
         obs = self._ordered(self._data["obs"], width)[keep]
         return obs, self._ordered(self._data[action_key], width)[keep]
 
+    def close(self) -> None:
+        """Nothing to release in this process (`RemoteReplayBuffer` ends its actor)."""
+
     def state_dict(self, contents: bool = True) -> dict[str, Any]:
         """Parameters, RNG state and (with `contents`) the stored transitions, oldest first.
 

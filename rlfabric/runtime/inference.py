@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rlfabric.platform.stats import IntervalStats
-from rlfabric.platform.workers import ThreadPool
+from rlfabric.runtime.stats import IntervalStats
+from rlfabric.runtime.workers import ThreadPool
 
 Request = dict[str, Any]
 #: Runs one forward pass for a list of requests; returns one action array each.

@@ -11,6 +11,8 @@ starts an episode.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -96,3 +98,48 @@ def act_on_requests(act: ActFn, states: RecurrentStates, requests: list[Request]
             )
         )
     return acted
+
+
+class ActedLedger:
+    """What the policy computed for each step it acted on, kept next to inference
+    until the runner's unroll of those steps arrives (GA3C's learner side).
+
+    Per env group (request key), in acting order: the extras (behaviour
+    log-probs, policy version, ...) and the recurrent state acted with. A
+    runner's requests for one group are sequential, and its unrolls arrive in
+    order, each holding the next `T` actions, so the oldest `T` entries are
+    that unroll's. A new run id (a restarted runner) starts the group afresh;
+    an unroll from a run that is no longer current is dropped and counted.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[Any, tuple[str, deque[Acted]]] = {}
+        self._lock = threading.Lock()  # predictor threads record, runner calls attach
+        self.dropped_unrolls = 0
+
+    def record(self, request: Request, acted: Acted) -> None:
+        run_id = request["run_id"]
+        with self._lock:
+            entry = self._groups.get(request["key"])
+            if entry is None or entry[0] != run_id:
+                entry = self._groups[request["key"]] = (run_id, deque())
+            entry[1].append(acted)
+
+    def attach(
+        self, unroll: dict[str, np.ndarray], key: Any, run_id: str
+    ) -> dict[str, np.ndarray] | None:
+        """`unroll` with the extras of its `T` steps (`[T, n, ...]`) and, for a recurrent
+        policy, the state its first step was acted with (`[1, n, ...]`); None if stale."""
+        steps = len(unroll["action"])
+        with self._lock:
+            entry = self._groups.get(key)
+            if entry is None or entry[0] != run_id or len(entry[1]) < steps:
+                self.dropped_unrolls += 1
+                return None
+            acted = [entry[1].popleft() for _ in range(steps)]
+        full = dict(unroll)
+        for name in acted[0].extras:
+            full[name] = np.stack([a.extras[name] for a in acted])
+        if acted[0].state is not None:
+            full["state"] = acted[0].state[None].copy()
+        return full

@@ -1,43 +1,137 @@
-"""Replay learning inside a learner process: unrolls in, updates out at a fixed ratio.
+"""Feeds: what sits between acting and learning in a learner process.
 
-Architectures move experience the same way for every algorithm: SEED's learner
-assembles unrolls from requests, IMPALA and GA3C runners ship them. For a
-replay algorithm (SAC, TD3) the learner process stores their transitions in a
-`ReplayBuffer` instead of queueing batches, and its trainer threads sample
-and update. One buffer stream per env (runner index x env), so n-step folds
-follow each env's own sequence.
+Producers (the threads that assemble or receive unrolls) call
+`add_unroll`; trainer threads call `train_step`. A learner process holds one
+feed and does not care which:
 
-The update-to-data ratio is kept exactly, however fast envs step: once
-`warmup_steps` transitions are stored (and one batch's worth), the learner owes
-`updates_per_step` updates per stored transition (CleanRL's loop: one update
-per agent step after `learning_starts`). Trainers update while updates are
-owed; producers (the threads that add unrolls) wait while the trainers are
-more than one unroll behind. That wait is the replay path's backpressure, as
-the bounded batch queue is the trajectory path's: it keeps the data the policy
-learns from no older than one unroll.
-
-RLx2's dynamic capacity (`platform.replay.DynamicCapacity`) runs in the
-trainer, between updates, every `buffer_check_every` stored transitions.
+- `BatchQueueFeed` (on-policy): unrolls are cut into batches of B unrolls and
+  queued; a full queue blocks the producer. That wait is the backpressure
+  that keeps the policy lag small (SEED's queue holds one batch). GA3C's
+  training queue holds unrolls instead and its trainers cut batches
+  (`batch_on="train"`).
+- `ReplayFeed` (off-policy: SAC, TD3): unrolls' transitions go into a
+  `ReplayBuffer`, one stream per env (runner index x env), so that n-step
+  folds follow each env's own sequence. The update-to-data ratio is kept
+  exactly, however fast envs step: once `warmup_steps` transitions are
+  stored (and one batch's worth), the learner owes `updates_per_step`
+  updates per stored transition (CleanRL's loop: one update per agent step
+  after `learning_starts`). Trainers update while updates are owed;
+  producers wait while the trainers are more than one unroll behind, which
+  is the replay path's backpressure. RLx2's dynamic capacity
+  (`runtime.replay.DynamicCapacity`) runs in the trainer, between updates,
+  every `buffer_check_every` stored transitions.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
-from rlfabric.platform.env_runner import group_sizes
-from rlfabric.platform.replay import CAPACITY_BOUNDS, DynamicCapacity, ReplayBuffer
+from rlfabric.runtime.env_runner import group_sizes
+from rlfabric.runtime.replay import CAPACITY_BOUNDS, DynamicCapacity, ReplayBuffer
+from rlfabric.runtime.unrolls import BatchBuilder
 
 if TYPE_CHECKING:
     from rlfabric.envs import EnvInfo
-    from rlfabric.platform.learner import Learner
-    from rlfabric.platform.spec import ExperimentSpec
+    from rlfabric.runtime.config import LearningSpec
+    from rlfabric.runtime.learner import Learner
+
+
+Unroll = dict[str, np.ndarray]
+
+
+class Feed(ABC):
+    """Between acting and learning. `update_lock` is the learner process's: one
+    optimizer step at a time, and never during a checkpoint."""
+
+    @abstractmethod
+    def add_unroll(self, unroll: Unroll, key: tuple[int, int], stopping: threading.Event) -> bool:
+        """Take one unroll from env group `key` = (runner index, group); may block for
+        backpressure. False (taking nothing) once `stopping` is set."""
+
+    @abstractmethod
+    def train_step(self, timeout: float = 0.1) -> bool:
+        """Run the updates one item of data allows, waiting up to `timeout` for it;
+        True if any ran."""
+
+    @abstractmethod
+    def metrics(self) -> dict[str, float]:
+        """Queue depths or buffer figures for the report."""
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Entries this feed adds to the learner's checkpoint state (none by default)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore from a checkpoint's state, after the Learner."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release what the feed holds outside this process."""
+
+
+class BatchQueueFeed(Feed):
+    """A bounded queue of on-policy batches (`capacity` items; 0: unbounded).
+
+    `batch_on="add"`: producers cut unrolls into batches of B unrolls and queue
+    batches (SEED, IMPALA). `batch_on="train"`: the queue holds unrolls and
+    trainers cut them into batches (GA3C's training queue of experiences).
+    """
+
+    def __init__(
+        self,
+        update: Callable[[Unroll], Any],
+        batch_size: int,
+        capacity: int,
+        update_lock: threading.Lock,
+        batch_on: Literal["add", "train"] = "add",
+        metric: str = "batch_queue",
+    ) -> None:
+        self.update = update
+        self.queue: queue.Queue[Unroll] = queue.Queue(capacity)
+        self.builder = BatchBuilder(batch_size)
+        self.update_lock = update_lock
+        self.batch_on = batch_on
+        self.metric = metric
+        self._builder_lock = threading.Lock()
+
+    def _batches(self, unroll: Unroll) -> list[Unroll]:
+        with self._builder_lock:
+            return self.builder.add(unroll)
+
+    def add_unroll(self, unroll: Unroll, key: tuple[int, int], stopping: threading.Event) -> bool:
+        items = self._batches(unroll) if self.batch_on == "add" else [unroll]
+        return all(self._put(item, stopping) for item in items)
+
+    def _put(self, item: Unroll, stopping: threading.Event) -> bool:
+        """Queue `item`, blocking while the queue is full; False once stopping."""
+        while not stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def train_step(self, timeout: float = 0.1) -> bool:
+        try:
+            item = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        for batch in self._batches(item) if self.batch_on == "train" else [item]:
+            with self.update_lock:
+                self.update(batch)
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        return {self.metric: float(self.queue.qsize())}
 
 
 class StreamMap:
@@ -55,7 +149,7 @@ class StreamMap:
         return runner * self.num_envs + self._groups[group]
 
 
-class ReplayFeed:
+class ReplayFeed(Feed):
     """The ReplayBuffer of one learner, fed with unrolls, drained by `train_step`.
 
     `update_lock` is the learner process's: updates, the capacity check (a
@@ -66,7 +160,7 @@ class ReplayFeed:
     def __init__(
         self,
         learner: Learner,
-        spec: ExperimentSpec,
+        spec: LearningSpec,
         env_info: EnvInfo,
         streams: StreamMap,
         update_lock: threading.Lock,
@@ -106,28 +200,6 @@ class ReplayFeed:
         self._origin = (0, 0)
         self._cond = threading.Condition()
 
-    @classmethod
-    def for_learner(
-        cls,
-        learner: Learner,
-        spec: ExperimentSpec,
-        env_info: EnvInfo,
-        num_runners: int,
-        num_groups: int,
-        update_lock: threading.Lock,
-        state: dict[str, Any] | None,
-        buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
-    ) -> ReplayFeed | None:
-        """The feed of a replay algorithm's learner, restored from a checkpoint's `state`;
-        None for a trajectory algorithm."""
-        if learner.algorithm.data != "replay":
-            return None
-        streams = StreamMap(num_runners, spec.env.num_envs, num_groups)
-        feed = cls(learner, spec, env_info, streams, update_lock, buffer_factory)
-        if state is not None and "replay" in state:
-            feed.load_state_dict(state["replay"])
-        return feed
-
     # -- the ratio ------------------------------------------------------------------
     def _owed(self, stored: int) -> int:
         """Updates owed once `stored` transitions are in (caller holds `_cond`)."""
@@ -143,9 +215,7 @@ class ReplayFeed:
             return self._owed(self.stored)
 
     # -- producers --------------------------------------------------------------------
-    def add_unroll(
-        self, unroll: dict[str, np.ndarray], key: tuple[int, int], stopping: threading.Event
-    ) -> bool:
+    def add_unroll(self, unroll: Unroll, key: tuple[int, int], stopping: threading.Event) -> bool:
         """Store an unroll's transitions once the trainers are at most one unroll behind.
 
         Returns False (storing nothing) once `stopping` is set.
@@ -232,6 +302,16 @@ class ReplayFeed:
                 "buffer": _to_torch(state),
             }
 
+    def checkpoint(self) -> dict[str, Any]:
+        return {"replay": self.state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if "replay" in state:
+            self.load_state_dict(state["replay"])
+
+    def close(self) -> None:
+        self.buffer.close()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore after the Learner; the updates still owed at the save are forgiven.
 
@@ -256,3 +336,27 @@ def _to_torch(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_torch(v) for k, v in value.items()}
     return value
+
+
+def make_feed(
+    learner: Learner,
+    spec: LearningSpec,
+    env_info: EnvInfo,
+    update_lock: threading.Lock,
+    *,
+    num_runners: int,
+    num_groups: int,
+    capacity: int,
+    batch_on: Literal["add", "train"] = "add",
+    metric: str = "batch_queue",
+    buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
+) -> Feed:
+    """The feed the learner's algorithm needs: replay for `data == "replay"`, else a
+    batch queue of `capacity` items. `buffer_factory` builds the replay buffer (in
+    this process by default)."""
+    if learner.algorithm.data == "replay":
+        streams = StreamMap(num_runners, spec.env.num_envs, num_groups)
+        return ReplayFeed(learner, spec, env_info, streams, update_lock, buffer_factory)
+    return BatchQueueFeed(
+        learner.update, spec.algo.batch_size, capacity, update_lock, batch_on, metric
+    )

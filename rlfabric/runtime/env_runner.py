@@ -23,10 +23,12 @@ Request = dict[str, Any]
 
 @dataclass
 class StepTally:
-    """Step and episode counts of a run of requests, for the learner's counters.
+    """Step and episode counts of a runner since it last shipped them.
 
-    Where inference is central (SEED), the learner tallies each request itself;
-    where runners act locally (IMPALA), they ship one tally with each unroll.
+    The one route by which the learner learns of env steps: every runner counts
+    its own steps here, and ships `take()` with what it sends the learner (each
+    request under SEED and GA3C, each unroll under IMPALA); the learner records
+    it (`Learner.record_steps`).
     """
 
     requests: int = 0
@@ -39,28 +41,23 @@ class StepTally:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
 
-    def add(self, request: Request) -> None:
-        first = request["is_first"]
+    def add(
+        self, is_first: np.ndarray, episodes: tuple[np.ndarray, np.ndarray], env_step_s: float
+    ) -> None:
+        """Count one group step whose observations start an episode where `is_first`."""
         self.requests += 1
-        self.stepped_requests += request["env_step_s"] > 0
-        self.vector_steps += len(first)
-        self.agent_steps += int(len(first) - np.count_nonzero(first))
-        self.env_step_s += request["env_step_s"]
-        self.episode_returns += request["episode_returns"].tolist()
-        self.episode_lengths += request["episode_lengths"].tolist()
+        self.stepped_requests += env_step_s > 0
+        self.vector_steps += len(is_first)
+        self.agent_steps += int(len(is_first) - np.count_nonzero(is_first))
+        self.env_step_s += env_step_s
+        self.episode_returns += np.asarray(episodes[0], np.float64).tolist()
+        self.episode_lengths += np.asarray(episodes[1], np.int64).tolist()
 
     def take(self) -> dict[str, Any]:
         """The counts so far, as a plain dict; start counting afresh."""
         out = dict(self.__dict__)
         self.__init__()  # type: ignore[misc]
         return out
-
-
-def tally(request: Request) -> dict[str, Any]:
-    """The StepTally of a single request."""
-    one = StepTally()
-    one.add(request)
-    return one.take()
 
 
 def group_sizes(num_envs: int, num_groups: int) -> list[int]:
@@ -73,9 +70,10 @@ class EnvRunner:
     """Steps `env.num_envs` envs in `num_groups` vector groups.
 
     Each request carries the observation after the last action together with
-    that action's reward and done flags (SEED RL's actor message), the
-    `is_first` flags (the observation starts an episode), the returns and
-    lengths of episodes that just ended, and how long the step took.
+    that action's reward and done flags (SEED RL's actor message) and the
+    `is_first` flags (the observation starts an episode). The runner counts its
+    steps, finished episodes and step time in `tally`, which the architecture
+    ships to the learner with its next message.
     """
 
     def __init__(self, env_cfg: EnvConfig, index: int, seed: int, num_groups: int = 2) -> None:
@@ -87,6 +85,7 @@ class EnvRunner:
         self.envs = [make_vector_env(env_cfg, n, int(base + off)) for n, off in zip(sizes, offsets)]
         self.seeds = [int(base + off) for off in offsets[:-1]]
         self.trackers = [EpisodeTracker(n) for n in sizes]
+        self.tally = StepTally()
 
     @property
     def num_groups(self) -> int:
@@ -125,16 +124,16 @@ class EnvRunner:
         )
 
     def _request(
-        self, group: int, obs: np.ndarray, *, episodes: tuple[np.ndarray, np.ndarray], **fields: Any
+        self,
+        group: int,
+        obs: np.ndarray,
+        *,
+        episodes: tuple[np.ndarray, np.ndarray],
+        env_step_s: float,
+        **fields: Any,
     ) -> Request:
-        return {
-            "key": (self.index, group),
-            "run_id": self.run_id,
-            "obs": obs,
-            "episode_returns": np.asarray(episodes[0], np.float32),
-            "episode_lengths": np.asarray(episodes[1], np.int64),
-            **fields,
-        }
+        self.tally.add(fields["is_first"], episodes, env_step_s)
+        return {"key": (self.index, group), "run_id": self.run_id, "obs": obs, **fields}
 
     def close(self) -> None:
         for env in self.envs:

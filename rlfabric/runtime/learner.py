@@ -23,12 +23,12 @@ import torch
 
 from rlfabric.algorithms import ALGORITHMS, Algorithm
 from rlfabric.envs import EnvInfo
-from rlfabric.platform.acting import UniformActions
-from rlfabric.platform.errors import RLFabricError
-from rlfabric.platform.stats import IntervalStats
+from rlfabric.errors import RLFabricError
+from rlfabric.runtime.acting import UniformActions
+from rlfabric.runtime.stats import IntervalStats
 
 if TYPE_CHECKING:
-    from rlfabric.platform.spec import ExperimentSpec
+    from rlfabric.runtime.config import LearningSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def available_device(device: str) -> str:
 
 
 def make_algorithm(
-    spec: ExperimentSpec,
+    spec: LearningSpec,
     env_info: EnvInfo,
     frame_budget: int | None,
     device: str = "cpu",
@@ -102,7 +102,7 @@ class Learner:
     """The Algorithm plus the bookkeeping every architecture needs around it."""
 
     def __init__(
-        self, spec: ExperimentSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
+        self, spec: LearningSpec, env_info: EnvInfo, frame_budget: int | None, device: str = "cpu"
     ) -> None:
         random.seed(spec.run.seed)
         np.random.seed(spec.run.seed)

@@ -1,0 +1,173 @@
+"""The driver's side of the topologies with a learner actor and env runner actors.
+
+SEED, IMPALA and GA3C share it: start the learner actor (in a placement
+group with its data-parallel workers, on a GPU where there is one), then the
+runner pool, and each reporting interval replace crashed runners, read the
+learner's metrics and let the dynamic adjuster act. Each topology file only
+names its two actor classes and what its paper adds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, ClassVar
+
+import ray
+
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.architectures.base import Architecture, TopologySpec
+from rlfabric.architectures.learner_group import (
+    in_bundle,
+    learner_bundles,
+    start_workers,
+    stop_workers,
+)
+from rlfabric.architectures.replay_actor import RemoteReplayBuffer
+from rlfabric.architectures.runner_pool import RayEnvRunner, RunnerPool, max_runners
+from rlfabric.errors import RLFabricError
+from rlfabric.runtime.autotune import DynamicAdjuster
+from rlfabric.runtime.replay import ReplayBuffer
+
+log = logging.getLogger(__name__)
+
+
+def learner_options(spec: TopologySpec) -> dict[str, Any]:
+    """`LearnerProcess` keyword arguments every topology passes the same way."""
+    replay_actor = spec.resources.replay_actor
+    return {
+        "env_groups": spec.arch.env_groups,
+        "buffer_factory": (
+            RemoteReplayBuffer.from_spaces if replay_actor else ReplayBuffer.from_spaces
+        ),
+    }
+
+
+class LearnerAndRunners(Architecture):
+    """A learner actor and a pool of env runner actors: what SEED and IMPALA share.
+
+    Subclasses name the two actor classes. The learner actor must offer
+    `metrics()`, `get_state()` and `stop()`; once stopped it tells the runners
+    to end their loops, which `run(learner)` must then do.
+    """
+
+    learner_cls: ClassVar[type]
+    runner_cls: ClassVar[type[RayEnvRunner]]
+
+    def knobs(self) -> dict[str, list[int]]:
+        """What the dynamic adjuster may change: name -> allowed values, in order.
+
+        Not the runner count of a replay algorithm: its buffer has one stream per env.
+        """
+        if ALGORITHMS[self.spec.algo.name].data == "replay":
+            return {}
+        return {"env_runners": list(range(1, self.spec.arch.max_env_runners + 1))}
+
+    def _start_autotune(self) -> None:
+        self.adjuster: DynamicAdjuster | None = None
+        if not self.spec.arch.autotune:
+            return
+        knobs = self.knobs()
+        if not knobs:
+            return
+        start = {name: self.setting()[name] for name in knobs}
+        self.adjuster = DynamicAdjuster(knobs, start, seed=self.spec.run.seed)
+        self._window = (time.perf_counter(), 0)
+
+    def setting(self) -> dict[str, int]:
+        """The current values of the knobs (the learner-side ones from the spec)."""
+        return {"env_runners": self.runners.size}
+
+    def _autotune(self, metrics: dict[str, float]) -> None:
+        """At the end of each window, let the adjuster judge it and apply its next setting."""
+        assert self.adjuster is not None
+        started, samples = self._window
+        now = time.perf_counter()
+        if now - started >= self.spec.arch.autotune_interval_s:
+            throughput = (metrics["learner_samples"] - samples) / (now - started)
+            setting = self.adjuster.step(throughput)
+            self.runners.resize(setting.get("env_runners", self.runners.size))
+            ray.get(self.learner.configure.remote(setting))
+            self._window = (now, metrics["learner_samples"])
+        metrics.update({f"autotune_{k}": v for k, v in self.adjuster.setting.items()})
+
+    def start(self, state: dict[str, Any] | None = None) -> None:
+        spec = self.spec
+        res = spec.resources
+        gpus = res.num_gpus_per_learner
+        if gpus and ray.cluster_resources().get("GPU", 0.0) < gpus:
+            log.warning(
+                "resources.num_gpus_per_learner=%s but the cluster has %s GPUs: the learner "
+                "trains (and serves inference) on CPU",
+                gpus,
+                ray.cluster_resources().get("GPU", 0.0),
+            )
+            gpus = 0.0
+        self.workers: list[Any] = []
+        self.learner_group = learner_bundles(spec, gpus) if res.num_learners > 1 else None
+        if self.learner_group is not None:
+            ray.get(self.learner_group.ready(), timeout=120)
+        self.learner = (
+            ray.remote(self.learner_cls)
+            .options(
+                num_cpus=res.learner_cpus,
+                num_gpus=gpus,
+                scheduling_strategy=(
+                    None if self.learner_group is None else in_bundle(self.learner_group, 0)
+                ),
+                # one thread per runner group call plus the driver's calls
+                max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
+            )
+            .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
+        )
+        self._wait_until_started(self.learner, "learner")
+        if self.learner_group is not None:
+            budget = self.stop_conditions.env_frames
+            self.workers = start_workers(
+                spec, self.env_info, budget, self.learner, self.learner_group, gpus
+            )
+        seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
+        self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+        self._start_autotune()
+
+    @staticmethod
+    def _wait_until_started(actor: Any, role: str, timeout_s: float = 120.0) -> None:
+        """Fail with the cluster's resources rather than wait forever for an actor that
+        cannot be placed (it asks for more CPUs or GPUs than are free)."""
+        ready, _ = ray.wait([actor.ready.remote()], timeout=timeout_s)
+        if not ready:
+            raise RLFabricError(
+                f"the {role} actor did not start within {timeout_s:.0f} s; the cluster has "
+                f"{ray.cluster_resources()} with {ray.available_resources()} free. Lower "
+                "resources.learner_cpus / cpus_per_env_runner or add nodes"
+            )
+        ray.get(ready[0])  # raises the actor's own error if its constructor failed
+
+    def step(self) -> dict[str, float]:
+        time.sleep(self.spec.run.report_interval_s)
+        self.runners.check()
+        metrics = ray.get(self.learner.metrics.remote())
+        metrics["runner_restarts"] = self.runners.restarts
+        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
+        if self.adjuster is not None:
+            self._autotune(metrics)
+        return metrics
+
+    def get_state(self) -> dict[str, Any]:
+        return ray.get(self.learner.get_state.remote())
+
+    def policy_weights(self) -> dict[str, Any]:
+        return ray.get(self.learner.policy_weights.remote())
+
+    def stop(self) -> None:
+        if not hasattr(self, "learner"):
+            return
+        try:
+            ray.get(self.learner.stop.remote(), timeout=30)
+        except Exception as err:  # already dead: nothing left to stop gracefully
+            log.debug("learner stop: %s", err)
+        if hasattr(self, "runners"):
+            self.runners.stop()
+        ray.kill(self.learner, no_restart=True)
+        stop_workers(self.workers, self.learner_group)
+        del self.learner

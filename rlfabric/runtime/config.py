@@ -1,0 +1,135 @@
+"""The spec sections the runtime consumes, and what the runtime reads of a spec.
+
+`ResourcesConfig`, `RunConfig` and `StopConfig` live here, with the layer
+that reads them; the face (`platform.spec.ExperimentSpec`) composes them with
+the leaves' sections. Runtime pieces never import the face: they take
+`LearningSpec`, the sections they read, which an `ExperimentSpec` satisfies.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlfabric.algorithms import AlgoConfig
+from rlfabric.envs import EnvConfig
+from rlfabric.models import ModelConfig
+from rlfabric.sparse import SparseConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResourcesConfig(_Section):
+    """Where and with how much the run executes."""
+
+    num_env_runners: int = Field(1, ge=1, description="env runner actors (processes)")
+    cpus_per_env_runner: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs Ray reserves per env runner; null: share what the learner leaves free",
+    )
+    learner_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for the learner")
+    num_learners: int = Field(
+        1,
+        ge=1,
+        description="data-parallel learners: each update splits the batch into equal shards "
+        "and all-reduces gradients (gloo on CPU, NCCL on GPUs); inference stays on learner 0",
+    )
+    inference_device: str = Field(
+        "learner",
+        pattern=r"^(learner|cpu|cuda(:\d+)?)$",
+        description="seed/ga3c inference: 'learner' (on the training weights), or 'cpu', "
+        "'cuda', 'cuda:N' for a copy there refreshed after every update (e.g. cuda:1 with "
+        "num_gpus_per_learner: 2); an unavailable GPU falls back to CPU with a warning",
+    )
+    num_gpus_per_learner: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves for the learner, which then trains (and under seed and "
+        "ga3c infers) on cuda; a cluster without GPUs runs it on CPU with a warning",
+    )
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of an embedded Ray; null: all of this machine's"
+    )
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto' or host:port); null: RAY_ADDRESS or "
+        "an embedded Ray on 127.0.0.1",
+    )
+    dashboard: bool = Field(False, description="start the Ray dashboard (on 127.0.0.1)")
+    replay_actor: bool = Field(
+        False,
+        description="off-policy: keep the replay buffer in its own Ray actor instead of the "
+        "learner's process (one remote call per stored unroll and per sampled batch)",
+    )
+
+
+class StopConfig(_Section):
+    """Stop conditions; the run ends at the first one met."""
+
+    env_frames: int | None = Field(None, gt=0, description="emulator frames (steps x frameskip)")
+    wall_time_s: float | None = Field(None, gt=0, description="seconds since the run started")
+    episode_return_mean: float | None = Field(None, description="100-episode mean return to reach")
+
+
+class RunConfig(_Section):
+    """Bookkeeping: seed, stop, logging and checkpoints."""
+
+    name: str | None = Field(None, description="run name; null: <env>_<arch>_<algo>_<time>")
+    seed: int = Field(0, ge=0, description="seed of envs, model init and action sampling")
+    stop: StopConfig = Field(default_factory=StopConfig, description="stop conditions")
+    logdir: str = Field("runs", description="parent folder of the run's logdir")
+    report_interval_s: float = Field(1.0, gt=0, description="seconds per metrics record")
+    checkpoint_interval_s: float = Field(
+        60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
+    )
+    keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
+    eval_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="seconds between greedy evaluations on fresh envs during training "
+        "(eval_return_mean/std in the metrics; the driver plays them); null: none",
+    )
+    eval_episodes: int = Field(10, ge=1, description="episodes per evaluation, one per env")
+    max_nonfinite_updates: int = Field(
+        10,
+        ge=1,
+        description="updates in a row with a NaN/inf loss or gradient (each skipped) before "
+        "the run stops with an error",
+    )
+    checkpoint_replay_mb: float = Field(
+        1024,
+        ge=0,
+        description="checkpoints hold the replay buffer's contents up to this many MiB; past "
+        "it only its parameters, and a resumed run warms the buffer up again",
+    )
+    display: Literal["auto", "rich", "plain", "none"] = Field(
+        "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
+    )
+
+
+class LearningSpec(Protocol):
+    """The sections of an experiment that the runtime reads (no architecture section:
+    what a runtime piece needs of it, the architecture passes as arguments)."""
+
+    @property
+    def env(self) -> EnvConfig: ...
+
+    @property
+    def algo(self) -> AlgoConfig: ...
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def sparse(self) -> SparseConfig: ...
+
+    @property
+    def resources(self) -> ResourcesConfig: ...
+
+    @property
+    def run(self) -> RunConfig: ...

@@ -1,0 +1,97 @@
+"""The learners of a data-parallel group (`resources.num_learners: N`), as runtime pieces.
+
+    learner 0 (inference, unroll assembly, feed, checkpoints)
+        | batch -> shards 1..N-1 ---> LearnerWorker x (N-1): algorithm only
+        | shard 0: its own update        all-reduce of gradients at every optimizer step
+        '-------------------------------------------------------'
+
+Learner 0 is the architecture's own learner process; `LearnerGroup` is its
+side of the group. The workers hold only the algorithm. Every update,
+learner 0 sends shards 1..N-1 of the batch to the workers and trains on
+shard 0, and every optimizer step all-reduces the gradients
+(`runtime.distributed`), so the N learners hold identical weights
+throughout. Where the learners are placed is the architecture's business
+(`architectures.learner_group`).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+import torch
+
+from rlfabric.envs import EnvInfo
+from rlfabric.runtime.distributed import GradientAllReduce, join_group, shard_batch
+from rlfabric.runtime.learner import make_algorithm
+
+if TYPE_CHECKING:
+    from rlfabric.runtime.config import LearningSpec
+    from rlfabric.runtime.learner import Learner
+
+
+def device_for_this_actor() -> str:
+    """cuda where Ray gave this actor a GPU and torch sees one, else cpu."""
+    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+
+
+def group_address() -> str:
+    """A TCP rendezvous on this node, for the process group (learner 0 hosts it)."""
+    ip = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        port = s.getsockname()[1]
+    return f"tcp://{ip}:{port}"
+
+
+class LearnerWorker:
+    """Learners 1..N-1: the algorithm, updated on the shards learner 0 sends."""
+
+    def __init__(self, spec: LearningSpec, env_info: EnvInfo, frame_budget: int | None) -> None:
+        torch.set_num_threads(spec.resources.torch_threads)
+        self.device = device_for_this_actor()
+        self.algorithm = make_algorithm(spec, env_info, frame_budget, self.device)
+
+    def ready(self) -> bool:
+        return True
+
+    def join(self, address: str, rank: int, world_size: int, state: dict[str, Any]) -> None:
+        """Start from learner 0's algorithm state (weights, optimizer), then join the group."""
+        self.algorithm.load_state_dict(state)
+        join_group(address, rank, world_size, self.device)
+        self.algorithm.grad_sync = GradientAllReduce(world_size, self.algorithm.loss_reduction)
+
+    def update(self, shard: dict[str, np.ndarray], progress: float | None) -> None:
+        if progress is not None:
+            self.algorithm.set_progress(progress)
+        self.algorithm.update(shard)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return self.algorithm.get_weights()
+
+
+class LearnerGroup:
+    """Learner 0's side: joins the group, and cuts each batch for the workers (actor
+    handles of `LearnerWorker`)."""
+
+    def __init__(self, learner: Learner, workers: list[Any]) -> None:
+        self.learner = learner
+        self.workers = workers
+
+    def join(self, address: str) -> None:
+        world = len(self.workers) + 1
+        algorithm = self.learner.algorithm
+        join_group(address, 0, world, str(algorithm.device))
+        algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
+        self.learner.peers = self.dispatch
+
+    def dispatch(
+        self, batch: dict[str, np.ndarray], progress: float | None
+    ) -> tuple[dict[str, np.ndarray], Any]:
+        """Send shards 1..N-1 (and the run's progress, for lr annealing) to the workers;
+        return shard 0 and a wait for them."""
+        shards = shard_batch(batch, len(self.workers) + 1)
+        refs = [w.update.remote(s, progress) for w, s in zip(self.workers, shards[1:])]
+        return shards[0], lambda: ray.get(refs)

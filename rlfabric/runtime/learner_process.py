@@ -1,0 +1,132 @@
+"""LearnerProcess: what every learner actor holds, whatever the topology.
+
+The Learner (algorithm, counters, checkpoint state), one Feed between acting
+and learning (a bounded batch queue on-policy, a replay buffer off-policy:
+`runtime.feeds`) and trainer threads that drain it. Topologies subclass it
+with what their paper's learner adds (SEED's inference server, IMPALA's
+weight publication, GA3C's predictors) and place it in a Ray actor; it does
+not know the wiring.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from rlfabric.envs import EnvInfo
+from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor, group_address
+from rlfabric.runtime.feeds import make_feed
+from rlfabric.runtime.learner import Learner
+from rlfabric.runtime.replay import ReplayBuffer
+from rlfabric.runtime.workers import ThreadPool
+
+if TYPE_CHECKING:
+    from rlfabric.runtime.config import LearningSpec
+
+
+class LearnerProcess:
+    """The Learner, its Feed and trainer threads.
+
+    `env_groups` (per runner) and `resources.num_env_runners` size a replay
+    feed's streams; `capacity`, `batch_on` and `queue_metric` shape a batch
+    queue (see `runtime.feeds.BatchQueueFeed`); `buffer_factory` builds a
+    replay buffer (in this process, or in its own actor).
+    """
+
+    def __init__(
+        self,
+        spec: LearningSpec,
+        env_info: EnvInfo,
+        frame_budget: int | None,
+        state: dict[str, Any] | None,
+        *,
+        env_groups: int,
+        capacity: int,
+        trainers: int = 1,
+        batch_on: Literal["add", "train"] = "add",
+        queue_metric: str = "batch_queue",
+        buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
+    ) -> None:
+        torch.set_num_threads(spec.resources.torch_threads)
+        # Inference threads need the GIL for a moment between torch ops while a trainer
+        # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
+        sys.setswitchinterval(0.0005)
+        # Requests and unrolls arrive as read-only arrays from Ray's object store; we only read.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        # A GPU Ray gave this actor (resources.num_gpus_per_learner) trains and infers.
+        self.device = device_for_this_actor()
+        self.learner = Learner(spec, env_info, frame_budget, self.device)
+        if state is not None:
+            self.learner.load_state_dict(state)
+        self._update_lock = threading.Lock()  # one optimizer step at a time, never mid-checkpoint
+        self._stopping = threading.Event()
+        self.feed = make_feed(
+            self.learner,
+            spec,
+            env_info,
+            self._update_lock,
+            num_runners=spec.resources.num_env_runners,
+            num_groups=env_groups,
+            capacity=capacity,
+            batch_on=batch_on,
+            metric=queue_metric,
+            buffer_factory=buffer_factory,
+        )
+        if state is not None:
+            self.feed.restore(state)
+        self.trainers = ThreadPool(self.feed.train_step, "trainer")
+        self.trainers.resize(trainers)
+
+    def add_unroll(self, unroll: dict[str, np.ndarray], key: tuple[int, int]) -> bool:
+        """Hand an unroll from env group `key` to the feed (may block). False once stopping."""
+        return self.feed.add_unroll(unroll, key, self._stopping)
+
+    def pools(self) -> list[ThreadPool]:
+        return [self.trainers]
+
+    # -- called by the driver -----------------------------------------------------
+    def ready(self) -> bool:
+        """Answers once the constructor has finished (the driver waits for it)."""
+        return True
+
+    def group_address(self) -> str:
+        return group_address()
+
+    def policy_weights(self) -> dict[str, np.ndarray]:
+        return self.learner.algorithm.get_weights()
+
+    def algorithm_state(self) -> dict[str, Any]:
+        with self._update_lock:
+            return self.learner.algorithm.state_dict()
+
+    def join_learners(self, address: str, workers: list[Any]) -> None:
+        """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
+        LearnerGroup(self.learner, workers).join(address)
+
+    def metrics(self) -> dict[str, float]:
+        for pool in self.pools():
+            if pool.error is not None:
+                raise pool.error
+        metrics = self.learner.metrics()
+        metrics["learner_on_gpu"] = float(self.device == "cuda")
+        metrics.update(self.feed.metrics())
+        return metrics
+
+    def configure(self, setting: dict[str, int]) -> None:
+        """Apply the dynamic adjuster's learner-side knobs (none by default)."""
+
+    def get_state(self) -> dict[str, Any]:
+        with self._update_lock:
+            return {**self.learner.state_dict(), **self.feed.checkpoint()}
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for pool in self.pools():
+            pool.stop()
+        self.feed.close()
