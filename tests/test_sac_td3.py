@@ -171,6 +171,10 @@ def test_refuses_discrete_and_unbounded_actions(name: str) -> None:
         cls.check_spaces(OBS, gym.spaces.Box(-np.inf, np.inf, (2,)))
     with pytest.raises(ValueError, match="Discrete"):
         cls(cls.config_cls(), OBS, gym.spaces.Discrete(3), ModelConfig())
+    # A dimension with low == high has no half range to scale by.
+    flat = gym.spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32))
+    with pytest.raises(ValueError, match=r"low < high.*dimension 1: low=0\.5, high=0\.5"):
+        cls.check_spaces(OBS, flat)
 
 
 def test_config_defaults_and_delayed_n_step() -> None:

@@ -170,7 +170,9 @@ class OffPolicyAlgorithm(Algorithm):
 
     @classmethod
     def check_spaces(cls, obs_space: gym.Space, action_space: gym.Space) -> None:
-        """Continuous control only: a 1-D Box with finite bounds (tanh squashing needs them)."""
+        """Continuous control only: a 1-D Box with finite bounds and low < high in every
+        dimension (tanh squashing maps [-1, 1] onto the bounds, and `from_env` divides by
+        the half range, which is 0 where low == high)."""
         super().check_spaces(obs_space, action_space)
         name = cls.config_cls.model_fields["name"].default
         if len(action_space.shape) != 1 or not (
@@ -179,6 +181,16 @@ class OffPolicyAlgorithm(Algorithm):
             raise ValueError(
                 f"algorithm '{name}' needs a 1-D Box action space with finite bounds, "
                 f"got {action_space}"
+            )
+        empty = np.flatnonzero(action_space.low >= action_space.high)
+        if len(empty):
+            bounds = ", ".join(
+                f"dimension {i}: low={action_space.low[i]}, high={action_space.high[i]}"
+                for i in empty
+            )
+            raise ValueError(
+                f"algorithm '{name}' scales actions by the half range (high - low) / 2, so it "
+                f"needs low < high in every action dimension; {bounds}"
             )
 
     @property
