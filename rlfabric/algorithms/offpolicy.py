@@ -147,6 +147,9 @@ class OffPolicyAlgorithm(Algorithm):
     data = "replay"
     action_spaces = (gym.spaces.Box,)
     sparse_roles_reason = "The critic role is both Q networks together, as in RLx2."
+    intermediate_observations: ClassVar[bool] = False
+    """Whether the target needs a fold's inner observations (`ReplayBuffer.sample`'s
+    `intermediate`): SAC's soft n-step return adds the entropy at each of them."""
 
     def __init__(
         self,
@@ -217,6 +220,8 @@ class OffPolicyAlgorithm(Algorithm):
         """A replay batch as float tensors on the device, actions in tanh units."""
         t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         t["obs"], t["next_obs"] = t["obs"].float(), t["next_obs"].float()
+        if "mid_obs" in t:
+            t["mid_obs"], t["mid_discount"] = t["mid_obs"].float(), t["mid_discount"].float()
         t["action"] = self.from_env(t["action"].float())
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t
