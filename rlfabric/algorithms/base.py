@@ -300,9 +300,7 @@ class Algorithm(ABC):
             out[f"sparsity_{name}"] = 0.0
             per_step_dense, per_step_sparse = 3.0 * dense, 3.0 * sparse
             if trainer is not None:
-                masks = trainer.masks.values()
-                active = sum(int(m.sum()) for m in masks)
-                out[f"sparsity_{name}"] = 1.0 - active / sum(m.numel() for m in masks)
+                out[f"sparsity_{name}"] = trainer.overall_sparsity
                 steps = max(trainer.t_end, trainer.step_count)
                 total = training_flops(
                     dense, sparse, trainer.method, steps, trainer.delta, trainer.t_end
