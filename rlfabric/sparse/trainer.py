@@ -147,6 +147,15 @@ class SparseTrainer:
         """Live bool masks by module name (dense layers all True); do not modify them."""
         return {layer.name: layer.mask for layer in self._layers}
 
+    def grow_scores(self) -> list[Tensor]:
+        """The dense gradients the coming step grows by (empty unless it is a RigL update).
+
+        Data-parallel learners all-reduce them in place before :meth:`step`: each learner
+        records only its own shard's gradient, and growing by it would let the learners'
+        masks drift apart (RLx2 and RigL reduce the scores across workers).
+        """
+        return [layer.dense_grad for layer in self._sparse_layers if layer.dense_grad is not None]
+
     def is_update_step(self, t: int) -> bool:
         """Whether step ``t`` (counted from 1) updates the topology and skips the optimizer."""
         return is_update_step(t, self.method, self.delta, self.t_end)
