@@ -344,3 +344,39 @@ def test_learns_cartpole_on_the_local_architecture(tmp_path, algo, frames):
     assert result.metrics["episode_return_mean"] >= 66  # random play: about 22
     for key in ("loss", "pg_loss", "baseline_loss", "entropy", "grad_norm"):
         assert np.isfinite(result.metrics[key]), key
+
+
+# -- separate value torso ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ppo", "a3c", "vtrace"])
+def test_separate_value_torso_keeps_value_gradients_out_of_the_policy(name):
+    """model.shared_torso=false (CleanRL's continuous PPO): the value loss moves only the
+    value torso and head, the policy loss only the policy torso and head."""
+    cls = ALGORITHMS[name]
+    torch.manual_seed(0)
+    model = ModelConfig(hidden=[16], shared_torso=False)
+    algo = cls(cls.config_cls(), OBS, BOX, model)
+    assert algo.model.value_torso is not None
+    params, values = algo.model(torch.randn(2, 3, 3))
+    assert params.shape == (2, 3, 4) and values.shape == (2, 3)
+    values.sum().backward()
+    for prefix, touched in (("torso.", False), ("policy.", False), ("value_torso.", True)):
+        grads = [p.grad for k, p in algo.model.named_parameters() if k.startswith(prefix)]
+        assert grads and all((g is not None and bool(g.any())) == touched for g in grads), prefix
+    metrics, _ = _frozen_update(algo, _batch(action_space=BOX))  # every loss runs
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize(
+    ("model", "env", "got"),
+    [
+        ({"lstm": 16}, "CartPole-v1", "torso 'mlp' and model.lstm=16"),
+        ({}, "ALE/Pong-v5", "torso 'cnn'"),
+    ],
+)
+def test_separate_value_torso_is_refused_where_it_cannot_apply(model, env, got):
+    from rlfabric.platform.errors import SpecError
+
+    with pytest.raises(SpecError, match=rf"model.shared_torso=false .*{got}.*allowed"):
+        Platform(arch="local", algo="ppo", env=env, model={"shared_torso": False, **model})
