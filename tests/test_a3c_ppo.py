@@ -161,63 +161,86 @@ def test_a3c_continuous_actions_use_the_log_density_unfloored():
 # -- PPO ---------------------------------------------------------------------------------
 
 
-def _reference_ppo_loss(algo, batch, cols: list[int], clip: float = 0.2) -> float:
-    """CleanRL's minibatch loss on columns `cols`, at parameters equal to the old ones."""
+def _reference_ppo_loss(algo, batch, steps: torch.Tensor, clip: float = 0.2) -> float:
+    """CleanRL's minibatch loss on the flat (t * B + b) `steps`, at parameters equal to the
+    old ones; advantages are normalised over the minibatch's valid steps."""
     logp, entropy, values = _current(algo, batch)
     advantages = torch.as_tensor(_reference_gae(batch, values), dtype=torch.float32)
     returns = advantages + values[:-1]
-    valid = torch.as_tensor(_valid(batch))[:, cols]
-    adv = advantages[:, cols][valid]
+    select = torch.zeros(T * B, dtype=torch.bool)
+    select[steps] = True
+    select = select.view(T, B) & torch.as_tensor(_valid(batch))
+    adv = advantages[select]
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ratio = (logp[:, cols] - torch.as_tensor(batch["logp"])[:, cols])[valid].exp()
+    ratio = (logp - torch.as_tensor(batch["logp"]))[select].exp()
     pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
-    v = values[:-1, cols][valid]
-    v_loss = 0.5 * ((v - returns[:, cols][valid]) ** 2).mean()  # V == V_old: clip inactive
-    return float(pg + 0.5 * v_loss - 0.01 * entropy[:, cols][valid].mean())
+    v_loss = 0.5 * ((values[:-1][select] - returns[select]) ** 2).mean()  # V == V_old: no clip
+    return float(pg + 0.5 * v_loss - 0.01 * entropy[select].mean())
 
 
 def test_ppo_loss_matches_cleanrl_formula():
     algo = _algo(PPO, epochs=1, num_minibatches=1)
     batch = _batch()
     metrics, _ = _frozen_update(algo, batch)
-    assert metrics["loss"] == pytest.approx(_reference_ppo_loss(algo, batch, list(range(B))))
+    assert metrics["loss"] == pytest.approx(_reference_ppo_loss(algo, batch, torch.arange(T * B)))
 
 
-def test_ppo_minibatches_are_the_columns_of_the_split(monkeypatch):
-    split = [torch.tensor([2, 0]), torch.tensor([3, 1])]
-    monkeypatch.setattr(ppo, "minibatch_columns", lambda columns, n: split)
+def test_ppo_feed_forward_minibatches_are_the_steps_of_the_split(monkeypatch):
+    split = list(torch.randperm(T * B, generator=torch.Generator().manual_seed(0)).chunk(2))
+    monkeypatch.setattr(ppo, "minibatch_indices", lambda size, n: split)
     algo = _algo(PPO, epochs=2, num_minibatches=2)
     batch = _batch()
     metrics, _ = _frozen_update(algo, batch)
-    expected = np.mean([_reference_ppo_loss(algo, batch, c.tolist()) for c in split])
+    expected = np.mean([_reference_ppo_loss(algo, batch, steps) for steps in split])
     assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-def test_ppo_minibatch_split_covers_every_column_once_per_epoch(monkeypatch):
-    splits: list[list[torch.Tensor]] = []
-    original = ppo.minibatch_columns
+def _minibatch_obs(algo, batch) -> list[torch.Tensor]:
+    """The observations each minibatch's forward pass sees, in order."""
+    seen: list[torch.Tensor] = []
+    algo.model.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    algo.update(batch)
+    return seen[1:]  # seen[0]: the value pass over the whole batch
 
-    def recording(columns: int, n: int) -> list[torch.Tensor]:
-        splits.append(original(columns, n))
+
+def test_ppo_feed_forward_minibatches_shuffle_steps_across_envs():
+    """CleanRL `ppo.py`: each epoch covers every (t, b) step once, in random flat minibatches
+    of T * B / num_minibatches steps, not in whole env columns."""
+    batch = _batch()
+    minibatch_obs = _minibatch_obs(_algo(PPO, epochs=3, num_minibatches=3), batch)
+    assert len(minibatch_obs) == 9
+    steps = torch.as_tensor(batch["obs"])[:-1].flatten(0, 1)
+    for epoch in range(3):
+        seen = torch.cat([obs[0] for obs in minibatch_obs[3 * epoch : 3 * epoch + 3]])
+        assert seen.shape == steps.shape
+        order = [int((steps == row).all(-1).nonzero()) for row in seen]
+        assert sorted(order) == list(range(T * B))
+        assert any(len({i % B for i in order[k : k + T]}) > 1 for k in range(0, T * B, T))
+
+
+def test_ppo_recurrent_minibatches_are_whole_columns(monkeypatch):
+    splits: list[list[torch.Tensor]] = []
+    original = ppo.minibatch_indices
+
+    def recording(size: int, n: int) -> list[torch.Tensor]:
+        splits.append(original(size, n))
         return splits[-1]
 
-    monkeypatch.setattr(ppo, "minibatch_columns", recording)
-    seen: list[torch.Tensor] = []
-    algo = _algo(PPO, epochs=3, num_minibatches=3)
-    algo.model.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    monkeypatch.setattr(ppo, "minibatch_indices", recording)
+    torch.manual_seed(0)
+    algo = PPO(PPOConfig(epochs=3, num_minibatches=3), OBS, ACT, ModelConfig(hidden=[16], lstm=8))
     batch = _batch()
-    algo.update(batch)
+    minibatch_obs = _minibatch_obs(algo, batch)
     assert len(splits) == 3
     for split in splits:
         assert len(split) == 3
         assert sorted(torch.cat(split).tolist()) == list(range(B))
-    minibatch_obs = seen[1:]  # seen[0]: the value pass over the whole batch
     assert len(minibatch_obs) == 9
     for obs, cols in zip(minibatch_obs, [c for split in splits for c in split]):
         torch.testing.assert_close(obs, torch.as_tensor(batch["obs"])[:, cols])
-    for columns, n in ((10, 4), (5, 5), (7, 1)):
-        parts = ppo.minibatch_columns(columns, n)
-        assert len(parts) == n and sorted(torch.cat(parts).tolist()) == list(range(columns))
+    for size, n in ((10, 4), (5, 5), (7, 1)):
+        parts = ppo.minibatch_indices(size, n)
+        assert len(parts) == n and sorted(torch.cat(parts).tolist()) == list(range(size))
 
 
 def test_ppo_clipped_objective_has_no_gradient_beyond_the_clip():
@@ -321,3 +344,39 @@ def test_learns_cartpole_on_the_local_architecture(tmp_path, algo, frames):
     assert result.metrics["episode_return_mean"] >= 66  # random play: about 22
     for key in ("loss", "pg_loss", "baseline_loss", "entropy", "grad_norm"):
         assert np.isfinite(result.metrics[key]), key
+
+
+# -- separate value torso ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ppo", "a3c", "vtrace"])
+def test_separate_value_torso_keeps_value_gradients_out_of_the_policy(name):
+    """model.shared_torso=false (CleanRL's continuous PPO): the value loss moves only the
+    value torso and head, the policy loss only the policy torso and head."""
+    cls = ALGORITHMS[name]
+    torch.manual_seed(0)
+    model = ModelConfig(hidden=[16], shared_torso=False)
+    algo = cls(cls.config_cls(), OBS, BOX, model)
+    assert algo.model.value_torso is not None
+    params, values = algo.model(torch.randn(2, 3, 3))
+    assert params.shape == (2, 3, 4) and values.shape == (2, 3)
+    values.sum().backward()
+    for prefix, touched in (("torso.", False), ("policy.", False), ("value_torso.", True)):
+        grads = [p.grad for k, p in algo.model.named_parameters() if k.startswith(prefix)]
+        assert grads and all((g is not None and bool(g.any())) == touched for g in grads), prefix
+    metrics, _ = _frozen_update(algo, _batch(action_space=BOX))  # every loss runs
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize(
+    ("model", "env", "got"),
+    [
+        ({"lstm": 16}, "CartPole-v1", "torso 'mlp' and model.lstm=16"),
+        ({}, "ALE/Pong-v5", "torso 'cnn'"),
+    ],
+)
+def test_separate_value_torso_is_refused_where_it_cannot_apply(model, env, got):
+    from rlfabric.errors import SpecError
+
+    with pytest.raises(SpecError, match=rf"model.shared_torso=false .*{got}.*allowed"):
+        Platform(arch="local", algo="ppo", env=env, model={"shared_torso": False, **model})

@@ -13,6 +13,7 @@ from rlfabric.algorithms import ALGORITHMS
 from rlfabric.envs import EnvConfig, describe_env
 from rlfabric.models import ModelConfig
 from rlfabric.runtime.distributed import GradientAllReduce, join_group, leave_group, shard_batch
+from rlfabric.sparse import SparseConfig
 
 
 def _batch(seed: int, T: int = 6, B: int = 8) -> dict[str, np.ndarray]:
@@ -77,6 +78,56 @@ def test_two_learners_equal_one_learner_on_the_whole_batch(reduction):
     for key, value in single.model.state_dict().items():
         assert torch.equal(ranks[0][key], ranks[1][key]), key  # identical learners
         torch.testing.assert_close(ranks[0][key], value, rtol=1e-4, atol=1e-5)
+
+
+def _free_address() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _sparse_rank(rank: int, world: int, address: str, out: dict) -> None:
+    """RigL every 2 optimizer steps; each rank trains on its own shard."""
+    torch.set_num_threads(1)
+    join_group(address, rank, world, "cpu")
+    algorithm = _algorithm("mean")
+    algorithm.sparsify(SparseConfig(actor=0.8, delta=2, t_end=10), total_updates=10, seed=0)
+    trainer = algorithm.sparse_trainers["actor"]
+    initial = {k: m.clone() for k, m in trainer.masks.items()}
+    algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
+    for step in range(7):
+        algorithm.update(shard_batch(_batch(step), world)[rank])
+    out[rank] = {
+        "initial": initial,
+        "masks": {k: m.clone() for k, m in trainer.masks.items()},
+        "weights": {k: v.clone() for k, v in algorithm.model.state_dict().items()},
+    }
+    leave_group()
+
+
+def test_two_sparse_learners_keep_identical_masks_through_topology_updates():
+    """Each learner records its own shard's dense gradient; the grow scores are all-reduced,
+    so both grow the same connections and their masks and weights stay identical."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_sparse_rank, args=(2, _free_address(), out), nprocs=2, join=True)
+        ranks = dict(out)
+    assert any(
+        not torch.equal(ranks[0]["masks"][k], m) for k, m in ranks[0]["initial"].items()
+    )  # the topology did change
+    for key, mask in ranks[0]["masks"].items():
+        assert torch.equal(mask, ranks[1]["masks"][key]), key
+    for key, value in ranks[0]["weights"].items():
+        assert torch.equal(value, ranks[1]["weights"][key]), key
+
+
+def test_sparse_training_with_two_learners_is_accepted():
+    platform = Platform(
+        arch="seed", algo=FAST_VTRACE, sparse={"actor": 0.8}, resources={"num_learners": 2}
+    )
+    assert platform.spec.resources.num_learners == 2 and platform.spec.sparse.enabled
 
 
 def test_seed_with_two_learners_keeps_them_identical(ray_session, tmp_path):

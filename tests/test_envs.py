@@ -14,6 +14,7 @@ from rlfabric.envs import (
     describe_env,
     make_vector_env,
 )
+from rlfabric.runtime.env_runner import EnvRunner
 
 
 @pytest.fixture(autouse=True)
@@ -189,6 +190,25 @@ def test_breakout_episodic_life_goes_on_and_reports_whole_games():
             break
     envs.close()
     assert len(games) >= 2 and life_losses >= 4
+
+
+def test_env_runner_counts_whole_games_with_episodic_life():
+    """Through an EnvRunner (what the learner's returns, episode counts and threshold stop
+    see): a life loss ends no episode; the game over ends one with the whole game's return."""
+    cfg = EnvConfig(id="ALE/Breakout-v5", num_envs=2, atari=AtariConfig(episodic_life=True))
+    runner = EnvRunner(cfg, index=0, seed=0, num_groups=2)  # one env per group; group 0 plays
+    rng = np.random.default_rng(0)
+    runner.reset(0)
+    life_losses, game_return = 0, 0.0
+    for _ in range(3000):
+        request = runner.step(0, rng.integers(0, 4, size=1))
+        game_return += float(request["reward"][0])
+        if runner.tally.episode_returns:
+            break
+        life_losses += int(request["terminated"][0])
+    runner.close()
+    assert life_losses == 4  # Breakout's 5 lives: 4 life losses, then the game over
+    assert runner.tally.take()["episode_returns"] == [pytest.approx(game_return)]
 
 
 def _play_breakout(max_frames: int, steps: int) -> list[tuple]:

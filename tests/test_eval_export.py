@@ -53,6 +53,7 @@ def test_eval_plays_one_whole_episode_per_env():
     [
         ("vtrace", "CartPole-v1", {}),
         ("ppo", "Pendulum-v1", {}),
+        ("ppo", "Pendulum-v1", {"shared_torso": False}),
         ("a3c", "CartPole-v1", {"lstm": 16}),
         ("sac", "Pendulum-v1", {}),
         ("td3", "Pendulum-v1", {}),

@@ -201,3 +201,25 @@ def test_a_learner_crash_ends_the_run_and_the_last_checkpoint_stays_intact(ray_s
         arch.stop()
     loaded = load_checkpoint(Path(path))
     assert loaded["counters"] == state["counters"]
+
+
+def test_a_nonfinite_diagnostic_does_not_count_an_applied_update_as_skipped(monkeypatch):
+    """Skipped is decided by the gradients alone (the algorithm's nonfinite_steps)."""
+    from test_vtrace_algorithm import _batch
+
+    from rlfabric.envs import describe_env
+    from rlfabric.platform.spec import ExperimentSpec
+    from rlfabric.runtime.learner import Learner
+
+    spec = ExperimentSpec.build({"arch": "local", "algo": FAST_VTRACE, "env": "CartPole-v1"})
+    learner = Learner(spec, describe_env(spec.env), None)
+    algo = learner.algorithm
+    update = algo.update
+    monkeypatch.setattr(algo, "update", lambda batch: {**update(batch), "diagnostic": np.inf})
+    batch = _batch()
+    batch["obs"] = np.resize(batch["obs"], (*batch["obs"].shape[:2], 4))  # CartPole's 4-d obs
+    batch["action"] %= 2
+    before = [p.detach().clone() for p in algo.model.parameters()]
+    learner.update(batch)
+    assert (learner.counters["updates"], learner.counters["skipped_updates"]) == (1, 0)
+    assert any(not torch.equal(a, b) for a, b in zip(before, algo.model.parameters()))

@@ -152,6 +152,14 @@ def test_hand_written_folds_stop_at_terminations_and_bootstrap_through_truncatio
     one_step = buffer.sample(400, n_step=1)
     terminal = one_step["obs"][:, 0] == 2
     np.testing.assert_array_equal(one_step["discount"], np.where(terminal, 0.0, 0.5))
+    # The fold's inner observations s_{t+k}, k = 1, 2, and gamma^k where the fold goes on.
+    mids = {0: [1, 2], 1: [2], 3: [4], 5: [6]}  # the other folds have one step
+    batch = buffer.sample(400, intermediate=True)
+    for row, obs_id in enumerate(batch["obs"][:, 0].astype(int).tolist()):
+        ids = mids.get(obs_id, [])
+        np.testing.assert_array_equal(batch["mid_obs"][row, : len(ids), 0], ids)
+        expected_discount = [0.5**k if k <= len(ids) else 0.0 for k in (1, 2)]
+        np.testing.assert_array_equal(batch["mid_discount"][row], expected_discount)
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
@@ -160,6 +168,26 @@ def test_folds_match_reference_with_autoresets_and_breaks(n):
     sim = Simulator(3, seed=n, p_skip=0.05)
     sim.step(buffer, 60)
     check_samples(buffer, sim.history, n)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_intermediate_observations_match_reference(n):
+    buffer = make_buffer(600, 3)
+    sim = Simulator(3, seed=n, p_skip=0.05)
+    sim.step(buffer, 60)
+    where = {t.obs_id: (w, i) for w in stored_windows(buffer, sim.history) for i, t in enumerate(w)}
+    batch = buffer.sample(500, n_step=n, intermediate=True)
+    assert batch["mid_obs"].shape == (500, n - 1, 2) and batch["mid_discount"].shape == (500, n - 1)
+    for row, obs_id in enumerate(batch["obs"][:, 0].astype(int).tolist()):
+        seq, i = where[obs_id]
+        ids = []  # s_{t+k} while the fold goes on past step t+k-1
+        for k in range(1, n):
+            if i + k >= len(seq) or seq[i + k - 1].end:
+                break
+            ids.append(seq[i + k].obs_id)
+        np.testing.assert_array_equal(batch["mid_obs"][row, : len(ids), 0], ids)
+        expected = [GAMMA**k if k <= len(ids) else 0.0 for k in range(1, n)]
+        np.testing.assert_allclose(batch["mid_discount"][row], expected, rtol=1e-6)
 
 
 def test_folds_at_wrap_around_never_reach_overwritten_slots():

@@ -241,3 +241,23 @@ def test_the_trainer_runs_rlx2_capacity_checks():
     assert 40 <= metrics["replay_capacity"] < 1_000
     assert metrics["replay_size"] <= metrics["replay_capacity"]
     runner.close()
+
+
+@pytest.mark.parametrize(("name", "intermediate"), [("sac", True), ("td3", False)])
+def test_feed_hands_sac_the_folds_inner_observations(name, intermediate):
+    """SAC's soft n-step target needs the entropy at a fold's inner states; TD3's does not."""
+    feed, learner, runner = _pendulum_feed(name=name, n_step=3)
+    seen: list[dict[str, np.ndarray]] = []
+    update = learner.algorithm.update
+    learner.algorithm.update = lambda batch: seen.append(batch) or update(batch)
+    stop = threading.Event()
+    for _, (key, unroll) in zip(range(7), _unrolls(learner, runner, 4)):
+        feed.add_unroll(unroll, key, stop)
+        while feed.train_step(timeout=0):
+            pass
+    runner.close()
+    assert seen
+    for batch in seen:
+        assert ("mid_obs" in batch) == intermediate
+        if intermediate:
+            assert batch["mid_obs"].shape == (8, 2, 3) and batch["mid_discount"].shape == (8, 2)

@@ -77,23 +77,48 @@ def test_td3_target_with_smoothing_matches_hand_computation() -> None:
     np.testing.assert_allclose(y[terminal], batch["reward"][terminal], rtol=1e-6)
 
 
-def test_sac_target_and_alpha_loss_match_hand_computation() -> None:
-    algo = make(SAC, alpha_init=0.5)
-    batch = replay_batch()
-    eps = np.random.default_rng(1).normal(size=(6, 2)).astype(np.float32)
-    y = algo.target(*tensors(batch), torch.as_tensor(eps)).numpy()
-
-    s2 = batch["next_obs"]
-    out = np_mlp(algo.actor.net, s2)
+def np_sac_sample(algo: SAC, obs: np.ndarray, eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a = tanh(mean + std * eps) and log pi(a|s) from the raw weights (SAC appendix C)."""
+    out = np_mlp(algo.actor.net, obs)
     mean, raw = out[:, :2], out[:, 2:]
     log_std = -5 + 0.5 * 7 * (np.tanh(raw) + 1)
     x = mean + np.exp(log_std) * eps
-    a2 = np.tanh(x)
+    action = np.tanh(x)
     normal = -0.5 * ((x - mean) / np.exp(log_std)) ** 2 - log_std - 0.5 * np.log(2 * np.pi)
-    logp = (normal - np.log(1 - a2**2)).sum(-1)
+    return action, (normal - np.log(1 - action**2)).sum(-1)
+
+
+def test_sac_target_and_alpha_loss_match_hand_computation() -> None:
+    """The soft n-step target: the folded reward, the entropy of every intermediate state
+    of the fold (gamma^k (-alpha log pi(a_k|s_{t+k})), k = 1..m-1; RLx2's SAC), and the
+    bootstrap's soft value."""
+    algo = make(SAC, alpha_init=0.5)
+    batch = replay_batch()
+    g = 0.99
+    # Fold lengths 1, 2 (terminated), 3, 1, 3 (terminated), 1, matching the discounts.
+    mid_discount = np.array([[0, 0], [g, 0], [g, g**2], [0, 0], [g, g**2], [0, 0]], np.float32)
+    rng = np.random.default_rng(1)
+    mid_obs = rng.normal(size=(6, 2, 3)).astype(np.float32)
+    eps = rng.normal(size=(6, 2)).astype(np.float32)
+    mid_eps = rng.normal(size=(6, 2, 2)).astype(np.float32)
+    y = algo.target(
+        *tensors(batch),
+        torch.as_tensor(eps),
+        mid_obs=torch.as_tensor(mid_obs),
+        mid_discount=torch.as_tensor(mid_discount),
+        mid_eps=torch.as_tensor(mid_eps),
+    ).numpy()
+
+    s2 = batch["next_obs"]
+    a2, logp = np_sac_sample(algo, s2, eps)
     q = np.minimum(np_q(algo.q1_target, s2, a2), np_q(algo.q2_target, s2, a2))
-    expected = batch["reward"] + batch["discount"] * (q - 0.5 * logp)
+    entropy = np.zeros(6)
+    for k in range(2):
+        _, mid_logp = np_sac_sample(algo, mid_obs[:, k], mid_eps[:, k])
+        entropy += mid_discount[:, k] * -0.5 * mid_logp
+    expected = batch["reward"] + entropy + batch["discount"] * (q - 0.5 * logp)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    assert np.abs(entropy).min() == 0 and np.abs(entropy[mid_discount[:, 0] > 0]).min() > 0
 
     # J(alpha) = -alpha (log pi + target_entropy), target entropy -|A| = -2.
     logp_t = torch.tensor([1.0, 3.0])
@@ -171,6 +196,10 @@ def test_refuses_discrete_and_unbounded_actions(name: str) -> None:
         cls.check_spaces(OBS, gym.spaces.Box(-np.inf, np.inf, (2,)))
     with pytest.raises(ValueError, match="Discrete"):
         cls(cls.config_cls(), OBS, gym.spaces.Discrete(3), ModelConfig())
+    # A dimension with low == high has no half range to scale by.
+    flat = gym.spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32))
+    with pytest.raises(ValueError, match=r"low < high.*dimension 1: low=0\.5, high=0\.5"):
+        cls.check_spaces(OBS, flat)
 
 
 def test_config_defaults_and_delayed_n_step() -> None:

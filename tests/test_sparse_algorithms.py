@@ -268,3 +268,26 @@ def test_spec_sparse_section() -> None:
         ExperimentSpec.build({}, ["sparse.method=prune"])
     with pytest.raises(SpecError, match=r"sparse\.sparsity: unknown field; allowed here: actor"):
         ExperimentSpec.build({}, ["sparse.sparsity=0.9"])
+
+
+@pytest.mark.parametrize("name", ON_POLICY)
+def test_lstm_weights_count_as_dense_in_sparsity_and_flops(name: str) -> None:
+    """The LSTM core is not masked: the reported sparsity and FLOP fractions count it dense."""
+    torch.manual_seed(0)
+    cls = ALGORITHMS[name]
+    model = ModelConfig(hidden=[32], lstm=16)
+    agent = cls(cls.config_cls(), CARTPOLE.observation_space, CARTPOLE.action_space, model)
+    agent.sparsify(SparseConfig(actor=0.8, delta=1_000), total_updates=100, seed=0)
+    agent.update(batch(name))
+    weights = [p for p in agent.model.parameters() if p.ndim >= 2]
+    zeros = sum(int((p == 0).sum()) for p in weights)
+    metrics = agent.sparse_metrics()
+    assert metrics["sparsity_actor"] == pytest.approx(zeros / sum(p.numel() for p in weights))
+    assert agent.sparse_trainers["actor"].summary()["dense_weights"] == 4 * 16 * (32 + 16)
+    # Per sample: 2 FLOPs per weight, each Linear's active ones, the LSTM's all (T = B = 1).
+    masks = agent.sparse_trainers["actor"].masks
+    linear = dict(sparsifiable_layers(agent.model))
+    lstm = 2 * 4 * 16 * (32 + 16)
+    dense = lstm + sum(2 * layer.weight.numel() for layer in linear.values())
+    sparse = lstm + sum(2 * int(mask.sum()) for mask in masks.values())
+    assert metrics["inference_flops_fraction"] == pytest.approx(sparse / dense)

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -72,6 +72,17 @@ class SparseRole:
     """Optimizer steps of `module` per `update()` (TD3's actor: 1 / policy_freq)."""
 
 
+class GradientSync(Protocol):
+    """How data-parallel learners combine what each computed on its shard (set by the
+    learner group; `platform.distributed.GradientAllReduce`)."""
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
+        """Reduce the gradients of `optimizer`'s parameters over the group, in place."""
+
+    def reduce(self, tensors: list[Tensor]) -> None:
+        """Reduce any tensors over the group, in place (e.g. RigL's grow scores)."""
+
+
 class Algorithm(ABC):
     """Base class: registry metadata, weights and checkpoint plumbing.
 
@@ -100,7 +111,7 @@ class Algorithm(ABC):
         self.device = torch.device(device)
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
-        self.grad_sync: Callable[[torch.optim.Optimizer], None] | None = None
+        self.grad_sync: GradientSync | None = None
         """Data-parallel learners: reduces the gradients over the group before each step."""
         self.nonfinite_steps = 0
         """Optimizer steps skipped because a gradient was NaN or inf."""
@@ -246,7 +257,8 @@ class Algorithm(ABC):
         """Every optimizer step of every algorithm: sync, check, clip, step.
 
         In order: the gradients are reduced over data-parallel learners
-        (`grad_sync`), so that what follows sees the whole batch's gradient; a
+        (`grad_sync`), so that what follows sees the whole batch's gradient (a
+        sparse role's RigL grow scores too, right before its topology update); a
         step whose gradient is not finite (a NaN or inf loss) is skipped and
         counted in `nonfinite_steps`, so one bad batch cannot poison the weights;
         the global norm is clipped to `max_norm` if given; then `optimizer.step()`,
@@ -266,6 +278,8 @@ class Algorithm(ABC):
             torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
         for name, trainer in self.sparse_trainers.items():
             if trainer.optimizer is optimizer:
+                if self.grad_sync is not None:  # every learner grows by the whole batch's
+                    self.grad_sync.reduce(trainer.grow_scores())
                 if not trainer.step():  # a topology update: the FLOP counts are stale
                     self._forward_flops.pop(name, None)
                 return norm
@@ -300,9 +314,7 @@ class Algorithm(ABC):
             out[f"sparsity_{name}"] = 0.0
             per_step_dense, per_step_sparse = 3.0 * dense, 3.0 * sparse
             if trainer is not None:
-                masks = trainer.masks.values()
-                active = sum(int(m.sum()) for m in masks)
-                out[f"sparsity_{name}"] = 1.0 - active / sum(m.numel() for m in masks)
+                out[f"sparsity_{name}"] = trainer.overall_sparsity
                 steps = max(trainer.t_end, trainer.step_count)
                 total = training_flops(
                     dense, sparse, trainer.method, steps, trainer.delta, trainer.t_end

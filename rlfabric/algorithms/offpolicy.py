@@ -147,6 +147,9 @@ class OffPolicyAlgorithm(Algorithm):
     data = "replay"
     action_spaces = (gym.spaces.Box,)
     sparse_roles_reason = "The critic role is both Q networks together, as in RLx2."
+    intermediate_observations: ClassVar[bool] = False
+    """Whether the target needs a fold's inner observations (`ReplayBuffer.sample`'s
+    `intermediate`): SAC's soft n-step return adds the entropy at each of them."""
 
     def __init__(
         self,
@@ -170,7 +173,9 @@ class OffPolicyAlgorithm(Algorithm):
 
     @classmethod
     def check_spaces(cls, obs_space: gym.Space, action_space: gym.Space) -> None:
-        """Continuous control only: a 1-D Box with finite bounds (tanh squashing needs them)."""
+        """Continuous control only: a 1-D Box with finite bounds and low < high in every
+        dimension (tanh squashing maps [-1, 1] onto the bounds, and `from_env` divides by
+        the half range, which is 0 where low == high)."""
         super().check_spaces(obs_space, action_space)
         name = cls.config_cls.model_fields["name"].default
         if len(action_space.shape) != 1 or not (
@@ -179,6 +184,16 @@ class OffPolicyAlgorithm(Algorithm):
             raise ValueError(
                 f"algorithm '{name}' needs a 1-D Box action space with finite bounds, "
                 f"got {action_space}"
+            )
+        empty = np.flatnonzero(action_space.low >= action_space.high)
+        if len(empty):
+            bounds = ", ".join(
+                f"dimension {i}: low={action_space.low[i]}, high={action_space.high[i]}"
+                for i in empty
+            )
+            raise ValueError(
+                f"algorithm '{name}' scales actions by the half range (high - low) / 2, so it "
+                f"needs low < high in every action dimension; {bounds}"
             )
 
     @property
@@ -205,6 +220,8 @@ class OffPolicyAlgorithm(Algorithm):
         """A replay batch as float tensors on the device, actions in tanh units."""
         t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         t["obs"], t["next_obs"] = t["obs"].float(), t["next_obs"].float()
+        if "mid_obs" in t:
+            t["mid_obs"], t["mid_discount"] = t["mid_obs"].float(), t["mid_discount"].float()
         t["action"] = self.from_env(t["action"].float())
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t

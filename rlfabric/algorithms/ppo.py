@@ -8,10 +8,12 @@ minibatches, GAE lambda 0.95, advantages normalised per minibatch, clip 0.2 on
 the ratio and on the value change, value cost 0.5, entropy cost 0.01, global
 grad-norm clip 0.5, Adam lr 2.5e-4 (eps 1e-5) annealed linearly to 0.
 
-For each batch of B unrolls, and then `epochs` times: shuffle the B columns,
-split them into `num_minibatches` groups (as CleanRL `ppo_atari_lstm.py`
-splits envs, so that a recurrent core will see whole unrolls), and take one
-gradient step per group on
+For each batch of B unrolls of T steps, and then `epochs` times: shuffle the
+T x B steps and split them into `num_minibatches` minibatches (CleanRL `ppo.py`
+shuffles flat transitions), or with an LSTM core shuffle the B columns and
+split those (as CleanRL `ppo_atari_lstm.py` splits envs), so that the core
+sees whole unrolls from their stored first state; take one gradient step per
+minibatch on
 
     L = -min(r A, clip(r, 1 - e, 1 + e) A) + c_v L_V - c_H H,   r = pi(a|x) / mu(a|x)
 
@@ -61,7 +63,9 @@ class PPOConfig(ActorCriticConfig):
     grad_clip: float | None = Field(0.5, gt=0, description="global grad-norm clip; null: none")
     epochs: int = Field(4, ge=1, description="passes over each batch (update_epochs)")
     num_minibatches: int = Field(
-        4, ge=1, description="minibatches per epoch, each a random group of whole unrolls"
+        4,
+        ge=1,
+        description="minibatches per epoch: random steps, or with model.lstm random whole unrolls",
     )
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     clip_coef: float = Field(0.2, gt=0, description="ratio clip e (and value clip)")
@@ -75,14 +79,14 @@ class PPOConfig(ActorCriticConfig):
         if self.num_minibatches > self.batch_size:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} must be <= batch_size="
-                f"{self.batch_size}: minibatches are groups of whole unrolls"
+                f"{self.batch_size}: with model.lstm, minibatches are groups of whole unrolls"
             )
         return self
 
 
-def minibatch_columns(columns: int, num_minibatches: int) -> list[Tensor]:
-    """A random split of `range(columns)` into near-equal groups: each column once."""
-    return list(torch.randperm(columns).tensor_split(num_minibatches))
+def minibatch_indices(size: int, num_minibatches: int) -> list[Tensor]:
+    """A random split of `range(size)` (steps or columns) into near-equal groups: each once."""
+    return list(torch.randperm(size).tensor_split(num_minibatches))
 
 
 def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
@@ -151,21 +155,41 @@ class PPO(ActorCriticAlgorithm):
             "returns": advantages + values[:-1],
         }
 
+        if self.model.recurrent:
+            data, axis = b | targets, 1  # time-major columns
+        else:
+            steps = {"obs": b["obs"][:-1], "action": b["action"], "logp": b["logp"], **targets}
+            data, axis = {k: v.flatten(0, 1) for k, v in steps.items()}, 0
+        size = data["valid"].shape[axis]
+
         totals: dict[str, float] = defaultdict(float)
-        steps = 0
+        steps_taken = 0
         for _ in range(cfg.epochs):
-            for cols in minibatch_columns(b["action"].shape[1], cfg.num_minibatches):
-                minibatch = {k: v[:, cols] for k, v in (b | targets).items()}
+            for index in minibatch_indices(size, cfg.num_minibatches):
+                minibatch = {k: v.index_select(axis, index) for k, v in data.items()}
                 for key, value in self._minibatch_step(minibatch).items():
                     totals[key] += value
-                steps += 1
-        return {key: total / steps for key, total in totals.items()}
+                steps_taken += 1
+        return {key: total / steps_taken for key, total in totals.items()}
+
+    def _score(self, mb: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """log pi(a|x), entropy and V(x) of a minibatch's steps, with gradient.
+
+        Whole unrolls go through the recurrent core from their stored first state;
+        flat steps `[M, ...]` of a feed-forward model go through in one pass.
+        """
+        if self.model.recurrent:
+            logp, entropy, values = evaluate(self.model, mb)
+            return logp, entropy, values[:-1]
+        params, values = self.model(mb["obs"][None])
+        dist = self.model.distribution(params[0])
+        return dist.log_prob(mb["action"]), dist.entropy(), values[0]
 
     def _minibatch_step(self, mb: dict[str, Tensor]) -> dict[str, float]:
-        """One gradient step on a group of whole unrolls with their precomputed targets."""
+        """One gradient step on a minibatch (flat steps or whole unrolls) with its targets."""
         cfg = self.cfg
         valid = mb["valid"]
-        logp, entropy, values = evaluate(self.model, mb)
+        logp, entropy, values = self._score(mb)
         advantages = mb["advantages"]
         if cfg.normalize_advantages:
             advantages = normalize(advantages, valid)
@@ -173,7 +197,7 @@ class PPO(ActorCriticAlgorithm):
         log_ratio = torch.where(valid > 0, logp - mb["logp"], 0.0)
         pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.clip_coef, valid)
         value_clip = cfg.clip_coef if cfg.clip_value_loss else None
-        baseline_loss = value_loss(values[:-1], mb["old_values"], mb["returns"], value_clip, valid)
+        baseline_loss = value_loss(values, mb["old_values"], mb["returns"], value_clip, valid)
         mean_entropy = masked_mean(entropy, valid)
         loss = pg_loss + cfg.value_cost * baseline_loss - cfg.entropy_cost * mean_entropy
         grad_norm = self.gradient_step(loss)

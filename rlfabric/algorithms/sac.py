@@ -68,6 +68,7 @@ class SAC(OffPolicyAlgorithm):
 
     config_cls = SACConfig
     cfg: SACConfig
+    intermediate_observations = True
 
     def __init__(
         self,
@@ -109,14 +110,41 @@ class SAC(OffPolicyAlgorithm):
 
     @torch.no_grad()
     def target(
-        self, reward: Tensor, next_obs: Tensor, discount: Tensor, eps: Tensor | None = None
+        self,
+        reward: Tensor,
+        next_obs: Tensor,
+        discount: Tensor,
+        eps: Tensor | None = None,
+        *,
+        mid_obs: Tensor | None = None,
+        mid_discount: Tensor | None = None,
+        mid_eps: Tensor | None = None,
     ) -> Tensor:
-        """y = r + discount * (min_i Q'_i(s', a') - alpha log pi(a'|s')), a' ~ pi(s') (eq. 3, 5)."""
+        """The soft n-step target, for a fold of m steps from s_t (eq. 3, 5 unrolled):
+
+            y = R + sum_{k=1}^{m-1} gamma^k (-alpha log pi(a_k|s_{t+k}))
+                  + discount * (min_i Q'_i(s', a') - alpha log pi(a'|s')),
+
+        with R the folded reward, s' = s_{t+m}, and each a ~ pi freshly sampled, as RLx2's
+        SAC (`RLx2_SAC/SAC.py`, `train`) adds `-alpha log_prob` at every state of the fold:
+        the entropy bonus of the intermediate steps belongs to the soft return just as
+        their rewards do. `mid_obs [B, n-1, ...]` and `mid_discount [B, n-1]` (gamma^k, 0
+        past the fold) come from `ReplayBuffer.sample(intermediate=True)`; without them
+        (1-step folds) the sum is empty. `eps` and `mid_eps` fix the noise (tests).
+        """
         next_action, next_logp, _ = self.actor.sample(next_obs, eps)
         next_q = torch.min(
             self.q1_target(next_obs, next_action), self.q2_target(next_obs, next_action)
         )
-        return reward + discount * (next_q - self.alpha * next_logp)
+        y = reward + discount * (next_q - self.alpha * next_logp)
+        if mid_obs is not None and mid_discount is not None and mid_discount.shape[1] > 0:
+            flat_eps = None if mid_eps is None else mid_eps.flatten(0, 1)
+            _, mid_logp, _ = self.actor.sample(mid_obs.flatten(0, 1), flat_eps)
+            mid_logp = mid_logp.view_as(mid_discount)
+            # where, not a product: an observation past the fold is whatever its slot holds.
+            entropy = torch.where(mid_discount > 0, -mid_discount * mid_logp, 0.0)
+            y = y + self.alpha * entropy.sum(1)
+        return y
 
     def alpha_loss(self, logp: Tensor) -> Tensor:
         """J(alpha) = E[-alpha (log pi(a|s) + target_entropy)] (eq. 18, CleanRL's form)."""
@@ -125,7 +153,13 @@ class SAC(OffPolicyAlgorithm):
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         b = self.batch_tensors(batch)
         self.updates += 1
-        y = self.target(b["reward"], b["next_obs"], b["discount"])
+        y = self.target(
+            b["reward"],
+            b["next_obs"],
+            b["discount"],
+            mid_obs=b.get("mid_obs"),
+            mid_discount=b.get("mid_discount"),
+        )
         q1, q2 = self.q1(b["obs"], b["action"]), self.q2(b["obs"], b["action"])
         critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
         self.gradient_step(self.optimizers["critic"], critic_loss)

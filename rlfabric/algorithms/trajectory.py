@@ -109,8 +109,8 @@ class ActorCriticAlgorithm(Algorithm):
     data = "trajectory"
     action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
     sparse_roles_reason = (
-        "The policy and the value heads share one torso, so the whole network is one role: "
-        "sparse.actor."
+        "The policy and the value heads share one network and optimizer (one torso, or two "
+        "with model.shared_torso=false), so the whole network is one role: sparse.actor."
     )
 
     def __init__(

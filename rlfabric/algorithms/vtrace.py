@@ -17,9 +17,11 @@ the env; `is_first[t+1]` marks it and it is masked out of every loss term
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 
 from rlfabric.algorithms.base import to_tensors
@@ -93,11 +95,14 @@ class VTrace(ActorCriticAlgorithm):
             loss = loss / n_valid
 
         grad_norm = self.gradient_step(loss)
+        # The ratios the targets use, min(rho_bar, pi/mu), clipped in log space: exp of a
+        # large log-ratio is inf, and a masked step's log-ratio may be inf or NaN.
+        rhos = torch.where(valid > 0, log_rhos.clamp(max=math.log(cfg.rho_bar)).exp(), 0.0)
         return {
             "loss": loss.item(),
             "pg_loss": pg_loss.item() / n_valid.item(),
             "baseline_loss": baseline_loss.item() / n_valid.item(),
             "entropy": entropy_sum.item() / n_valid.item(),
             "grad_norm": grad_norm.item(),
-            "rho_mean": (log_rhos.exp() * valid).sum().item() / n_valid.item(),
+            "rho_mean": rhos.sum().item() / n_valid.item(),
         }

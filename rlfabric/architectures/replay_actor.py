@@ -37,9 +37,9 @@ class _BufferActor:
         self.buffer.load_state_dict(state)
         return len(self.buffer)
 
-    def call(self, name: str, *args: Any) -> Any:
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Read-only calls: sample, oldest, state_dict."""
-        return getattr(self.buffer, name)(*args)
+        return getattr(self.buffer, name)(*args, **kwargs)
 
     def describe(self) -> tuple[int, int]:
         return self.buffer.capacity, self.buffer.nbytes
@@ -84,8 +84,12 @@ class RemoteReplayBuffer:
         added, self._len = ray.get(self.actor.add_unroll.remote(unroll, streams))
         return added
 
-    def sample(self, batch_size: int, n_step: int | None = None) -> dict[str, np.ndarray]:
-        return ray.get(self.actor.call.remote("sample", batch_size, n_step))
+    def sample(
+        self, batch_size: int, n_step: int | None = None, *, intermediate: bool = False
+    ) -> dict[str, np.ndarray]:
+        return ray.get(
+            self.actor.call.remote("sample", batch_size, n_step, intermediate=intermediate)
+        )
 
     def oldest(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         return ray.get(self.actor.call.remote("oldest", k))

@@ -54,6 +54,10 @@ def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) ->
 class ActorCritic(nn.Module):
     """Torso, an optional LSTM core, a policy head and a value head.
 
+    With `shared_torso=False` the value head sits on its own MLP torso of the same
+    shape, as CleanRL's `ppo_continuous_action.py` keeps separate actor and critic
+    networks, so that the value loss does not shape the policy's features.
+
     Inputs are time-major `[T, B, ...]`. `forward` returns the policy
     parameters `[T, B, P]` and values `[T, B]`; `unroll` also returns the
     recurrent state after the last step. The state is one tensor `[B, 2, H]`
@@ -64,11 +68,23 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, cfg: ModelConfig) -> None:
         super().__init__()
         self.torso = build_torso(obs_space, cfg)
+        self.value_torso: nn.Module | None = None
+        if not cfg.shared_torso:
+            if not isinstance(self.torso, MLP) or cfg.lstm:
+                kind = "mlp" if isinstance(self.torso, MLP) else "cnn"
+                raise ValueError(
+                    "model.shared_torso=false gives the value its own MLP torso, which needs "
+                    f"an MLP policy torso without an LSTM core; got torso '{kind}' and "
+                    f"model.lstm={cfg.lstm} (allowed: model.shared_torso=true, or an MLP "
+                    "torso with model.lstm=0)"
+                )
+            self.value_torso = build_torso(obs_space, cfg)
         width = self.torso.out_dim
         self.core = nn.LSTMCell(width, cfg.lstm) if cfg.lstm else None
         width = cfg.lstm or width
         self.policy = build_policy_head(width, action_space, cfg)
-        self.value = init_layer(nn.Linear(width, 1), gain=1.0)
+        value_width = width if self.value_torso is None else self.value_torso.out_dim
+        self.value = init_layer(nn.Linear(value_width, 1), gain=1.0)
         self.bf16 = cfg.precision == "bf16"
         self.state_size = cfg.lstm
 
@@ -100,12 +116,13 @@ class ActorCritic(nn.Module):
         # Mixed precision stops at the torso: core, heads, losses and targets stay float32.
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             features = self.torso(flat)
+            value_features = features if self.value_torso is None else self.value_torso(flat)
         features = features.float()
-        if self.core is not None:
+        if self.core is not None:  # shared torso only: the value reads the core's output
             features, state = self._run_core(features.reshape(time, batch, -1), first, state)
-            features = features.reshape(time * batch, -1)
+            features = value_features = features.reshape(time * batch, -1)
         params = self.policy(features)
-        value = self.value(features).squeeze(-1)
+        value = self.value(value_features.float()).squeeze(-1)
         return params.reshape(time, batch, -1), value.reshape(time, batch), state
 
     def _run_core(

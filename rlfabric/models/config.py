@@ -23,6 +23,11 @@ class ModelConfig(BaseModel):
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
     cnn_features: int = Field(512, gt=0, description="width of the Nature CNN's last layer")
     lstm: int = Field(0, ge=0, description="LSTM core size; 0 means no recurrent core")
+    shared_torso: bool = Field(
+        True,
+        description="policy and value share the torso; false: the value gets its own MLP "
+        "(CleanRL's continuous PPO); MLP torsos without an LSTM only",
+    )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="'bf16' runs the torso under bfloat16 autocast (as SEED RL on TPUs): about "

@@ -73,11 +73,6 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
                 f"algo.batch_size={spec.algo.batch_size} does not split into "
                 f"resources.num_learners={learners} equal shards; use a multiple of {learners}"
             )
-        if spec.sparse.enabled:
-            raise SpecError(
-                f"sparse training with resources.num_learners={learners} is not supported: "
-                "each learner's RigL masks would follow its own shard's gradients (allowed: 1)"
-            )
     if spec.resources.replay_actor and not arch_cls.uses_ray:
         raise SpecError(
             f"resources.replay_actor=true needs a Ray architecture; arch '{spec.arch.name}' "

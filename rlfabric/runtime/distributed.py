@@ -12,7 +12,10 @@ rounding (and, for a mean over valid steps only, up to shards holding
 different numbers of autoreset steps), and all learners stay identical: the
 same reduced gradient goes into the same optimizer state. This is what torch
 DDP does, done at the optimizer step so that any algorithm, which may run
-several forward passes and optimizers per update, needs no change.
+several forward passes and optimizers per update, needs no change. Sparse
+training's RigL grow scores (each layer's dense gradient) are reduced the same
+way before a topology update (`GradientAllReduce.reduce`), so that every
+learner grows the same connections, as RigL's and RLx2's distributed code.
 """
 
 from __future__ import annotations
@@ -47,17 +50,25 @@ class GradientAllReduce:
         self.reduction = reduction
 
     def __call__(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
+        self.reduce(
+            [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        )
+
+    def reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Sum (or average) `tensors` over the group in place, in one message.
+
+        Every learner must call it with the same shapes in the same order (collective).
+        """
+        if not tensors:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one message per step
+        flat = torch.cat([t.reshape(-1) for t in tensors])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         if self.reduction == "mean":
             flat /= self.world_size
         offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        for tensor in tensors:
+            tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
 
 
 def join_group(address: str, rank: int, world_size: int, device: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rlfabric.envs import EnvConfig, EpisodeTracker, make_vector_env
+from rlfabric.envs.config import find_spec, is_atari
 
 Request = dict[str, Any]
 
@@ -84,7 +85,10 @@ class EnvRunner:
         base = seed + index * env_cfg.num_envs
         self.envs = [make_vector_env(env_cfg, n, int(base + off)) for n, off in zip(sizes, offsets)]
         self.seeds = [int(base + off) for off in offsets[:-1]]
-        self.trackers = [EpisodeTracker(n) for n in sizes]
+        # With episodic life a life loss terminates the env but the game goes on: the
+        # tracker must know, or every life counts as an episode in the returns and counts.
+        life = env_cfg.atari.episodic_life and is_atari(find_spec(env_cfg.id))
+        self.trackers = [EpisodeTracker(n, episodic_life=life) for n in sizes]
         self.tally = StepTally()
 
     @property

@@ -243,7 +243,12 @@ class ReplayFeed(Feed):
             with self._cond:
                 if self._owed(self.stored) <= 0:  # another trainer took it
                     return False
-                batch = self.buffer.sample(self.cfg.batch_size, self.learner.algorithm.n_step)
+                algorithm = self.learner.algorithm
+                batch = self.buffer.sample(
+                    self.cfg.batch_size,
+                    algorithm.n_step,
+                    intermediate=algorithm.intermediate_observations,
+                )
             self.learner.update(batch)
             self._check_capacity()
         with self._cond:

@@ -192,9 +192,9 @@ class Learner:
         if self.inference is not self.algorithm:
             self.inference.model.load_state_dict(self.algorithm.model.state_dict())
         elapsed = time.perf_counter() - start
-        if self.algorithm.nonfinite_steps > skipped_before or not all(
-            math.isfinite(v) for v in metrics.values()
-        ):
+        # Skipped means an optimizer step was refused for a non-finite gradient: a
+        # non-finite diagnostic of an update that was applied is reported, not a skip.
+        if self.algorithm.nonfinite_steps > skipped_before:
             self._skip(metrics)
             return metrics
         self._nonfinite_in_row = 0
@@ -210,7 +210,7 @@ class Learner:
         return metrics
 
     def _skip(self, metrics: dict[str, float]) -> None:
-        """Count an update whose loss or gradient was not finite; stop after too many in a row."""
+        """Count an update with a skipped (non-finite) gradient; stop after too many in a row."""
         with self._lock:
             self.counters["updates"] += 1
             self.counters["skipped_updates"] += 1

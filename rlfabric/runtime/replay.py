@@ -249,7 +249,9 @@ class ReplayBuffer:
             )
         return int(valid.sum())
 
-    def sample(self, batch_size: int, n_step: int | None = None) -> dict[str, np.ndarray]:
+    def sample(
+        self, batch_size: int, n_step: int | None = None, *, intermediate: bool = False
+    ) -> dict[str, np.ndarray]:
         """A uniform batch of stored transitions, each folded over up to `n_step` steps.
 
         The n-step return (Sutton & Barto 2018, eq. 7.1), for a fold of `m` steps:
@@ -259,6 +261,11 @@ class ReplayBuffer:
         bootstrap; a truncation stops it and bootstraps from its final observation)
         or the stream's newest stored step comes first (the fold then bootstraps
         there: a shorter return is still an unbiased target).
+
+        With `intermediate`, also the fold's inner observations, for targets that add a
+        term per step (SAC's entropy): `mid_obs [B, n-1, ...]` holds s_{t+k} for
+        k = 1..n-1 and `mid_discount [B, n-1]` is gamma^k where k < m, else 0 (and the
+        observation there is whatever the slot holds).
         """
         n = self.n_step if n_step is None else n_step
         if len(self) == 0:
@@ -273,6 +280,8 @@ class ReplayBuffer:
         reward = np.zeros(batch_size)
         steps = np.zeros(batch_size, np.int64)
         going = np.ones(batch_size, bool)
+        mid_slots = np.zeros((batch_size, max(n - 1, 0)), np.int64)
+        mid_discount = np.zeros((batch_size, max(n - 1, 0)), np.float32)
         for k in range(n):
             take = going & (offsets + k < self._count[envs])
             slots = self._physical(envs, offsets + k)
@@ -280,14 +289,21 @@ class ReplayBuffer:
             steps += take
             last = np.where(take, slots, last)
             going = take & ~data["end"][envs, slots]
+            if k > 0:  # the fold goes on through s_{t+k}: the obs of its step t+k
+                mid_slots[:, k - 1] = slots
+                mid_discount[:, k - 1] = np.where(take, self.gamma**k, 0.0)
         discount = self.gamma**steps * ~data["terminated"][envs, last]
-        return {
+        batch = {
             "obs": data["obs"][envs, first],
             "action": data["action"][envs, first],
             "reward": reward.astype(np.float32),
             "next_obs": data["next_obs"][envs, last],
             "discount": discount.astype(np.float32),
         }
+        if intermediate:
+            batch["mid_obs"] = data["obs"][envs[:, None], mid_slots]
+            batch["mid_discount"] = mid_discount
+        return batch
 
     def oldest(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Observations and actions of the oldest (at most) `k` stored transitions.

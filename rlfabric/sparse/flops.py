@@ -6,6 +6,7 @@ FLOPs each (one multiply, one add), at every output position:
     Linear  2 * I * O                     (times the product of any middle dims)
     Conv    2 * (I / groups) * O * kh * kw * H_out * W_out
     sparse  the same with the layer's active weights only: 2 * active * positions
+    LSTMCell  2 * (4H * I + 4H * H) per step, dense and sparse alike: no mask covers it
 
 Biases, activations and normalisation are left out; they are the same few FLOPs for dense
 and sparse models. These are theoretical FLOPs: masked dense matmuls run no faster
@@ -89,9 +90,19 @@ def forward_flops(
             sparse + 2 * active * positions,
         )
 
+    def record_lstm(name: str, cell: nn.LSTMCell, output: tuple[Tensor, Tensor]) -> None:
+        positions = output[0].numel() // (batch * cell.hidden_size)
+        flops = 2 * (cell.weight_ih.numel() + cell.weight_hh.numel()) * positions
+        dense, sparse = counts.get(name, (0, 0))
+        counts[name] = (dense + flops, sparse + flops)
+
     handles = [
         layer.register_forward_hook(lambda m, _args, out, name=name: record(name, m, out))
         for name, layer in sparsifiable_layers(module)
+    ] + [
+        cell.register_forward_hook(lambda m, _args, out, name=name: record_lstm(name, m, out))
+        for name, cell in module.named_modules()
+        if isinstance(cell, nn.LSTMCell)
     ]
     was_training = module.training
     try:

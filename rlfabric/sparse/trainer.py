@@ -13,6 +13,8 @@ TD3/SAC sparse from scratch with RigL topology evolution (Evci et al., arXiv 191
   updates the masks and skips the optimizer step (RLx2); otherwise it steps the optimizer.
   Either way it re-masks the weights afterwards.
 - :meth:`SparseTrainer.mask_target` re-masks a target network after each soft update.
+- Weight matrices of other modules (an LSTM's) are not masked: they train dense and are
+  counted as dense in the reported sparsity and FLOPs, so the figures stay true.
 
 Usage::
 
@@ -125,13 +127,34 @@ class SparseTrainer:
                 weight.mul_(mask)
                 self._layers.append(_Layer(name, weight, mask))
         self._sparse_layers = [layer for layer in self._layers if layer.sparse]
+        masked = {id(layer.weight) for layer in self._layers}
+        self.dense_weights = sum(
+            p.numel() for p in module.parameters() if p.ndim >= 2 and id(p) not in masked
+        )
+        """Weights of modules no mask covers (e.g. LSTM cells): dense, and counted so."""
         for layer in self._sparse_layers:
             layer.weight.register_hook(partial(self._mask_grad, layer))
+
+    @property
+    def overall_sparsity(self) -> float:
+        """Fraction of all the module's weights (masked or dense, biases aside) that are zero."""
+        active = sum(int(layer.mask.sum()) for layer in self._layers)
+        total = sum(layer.mask.numel() for layer in self._layers) + self.dense_weights
+        return 1.0 - (active + self.dense_weights) / total
 
     @property
     def masks(self) -> dict[str, Tensor]:
         """Live bool masks by module name (dense layers all True); do not modify them."""
         return {layer.name: layer.mask for layer in self._layers}
+
+    def grow_scores(self) -> list[Tensor]:
+        """The dense gradients the coming step grows by (empty unless it is a RigL update).
+
+        Data-parallel learners all-reduce them in place before :meth:`step`: each learner
+        records only its own shard's gradient, and growing by it would let the learners'
+        masks drift apart (RLx2 and RigL reduce the scores across workers).
+        """
+        return [layer.dense_grad for layer in self._sparse_layers if layer.dense_grad is not None]
 
     def is_update_step(self, t: int) -> bool:
         """Whether step ``t`` (counted from 1) updates the topology and skips the optimizer."""
@@ -245,7 +268,8 @@ class SparseTrainer:
         }
 
     def summary(self) -> dict[str, Any]:
-        """Per-layer shapes, densities and active counts; overall sparsity; real non-zeros."""
+        """Per-layer shapes, densities and active counts; overall sparsity (unmasked weights,
+        e.g. an LSTM's, count as dense); real non-zeros."""
         layers = [
             {
                 "name": layer.name,
@@ -263,7 +287,8 @@ class SparseTrainer:
             "layers": layers,
             "masked_weights": total,
             "active_weights": active,
-            "sparsity": 1.0 - active / total,
+            "dense_weights": self.dense_weights,
+            "sparsity": self.overall_sparsity,
             "parameters": sum(p.numel() for p in params),
             "nonzero_parameters": sum(int(torch.count_nonzero(p)) for p in params),
         }
@@ -277,7 +302,8 @@ class SparseTrainer:
                 f"{layer['name']:<24} {shape:<20} {layer['active']:>10} {layer['density']:>8.4f}"
             )
         lines.append(
-            f"sparsity {info['sparsity']:.4f} of {info['masked_weights']} masked weights; "
+            f"sparsity {info['sparsity']:.4f} of {info['masked_weights']} masked and "
+            f"{info['dense_weights']} unmasked weights; "
             f"{info['nonzero_parameters']} of {info['parameters']} parameters non-zero"
         )
         return "\n".join(lines)
