@@ -44,7 +44,7 @@ def learner_options(spec: TopologySpec) -> dict[str, Any]:
 
 
 class LearnerAndRunners(Architecture):
-    """A learner actor and a pool of env runner actors: what SEED and IMPALA share.
+    """A learner actor and a pool of env runner actors: what SEED, IMPALA and GA3C share.
 
     Subclasses name the two actor classes. The learner actor must offer
     `metrics()`, `get_state()` and `stop()`; once stopped it tells the runners

@@ -1,0 +1,222 @@
+"""The papers' headline runs, resumable: Atari Pong with each topology, SAC and TD3 on MuJoCo.
+
+Each reproduction trains one or more seeds in `--logdir/<name>-s<seed>/` and
+checkpoints every `--checkpoint-s` seconds. Run the same command again after
+an interruption (a session that ended, Ctrl-C, a reboot): a seed whose run
+folder holds a checkpoint resumes from it at its frame count, and a seed
+whose run already reached its budget is only read back. When every seed is
+done, the script writes `benchmarks/results/<name>.json` and `<name>.png`
+(the return curves of all seeds on one plot) and prints the result.
+
+    python benchmarks/reproduce.py pong_seed_vtrace              # 20M frames, +18 target
+    python benchmarks/reproduce.py pong_impala_vtrace pong_ga3c_a3c
+    python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1   # 300k agent steps, eval >= 5000
+    python benchmarks/reproduce.py hopper_td3 --seeds 0 1
+    python benchmarks/reproduce.py --list
+
+Pong (`ALE/Pong-v5`, sticky actions, frameskip 4) reports the 100-episode mean
+return at the end (`final_return`), the env frames, and the first env frame
+count at which the mean reached +18 (`frames_to_18`, null if never). MuJoCo
+reports a greedy evaluation of the final policy on 10 fresh episodes per seed
+(`per_seed`, `eval_return_mean` over seeds) at `agent_steps`, beside CleanRL's
+published 1M-step figure for the same task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfabric import Platform
+from rlfabric.platform.evaluate import evaluate, load_policy
+from rlfabric.platform.reporting import read_records
+
+RESULTS = Path(__file__).parent / "results"
+SPECS = Path(__file__).parent.parent / "examples" / "specs"
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """One headline run: the spec, its budget in env frames, and what the paper reached."""
+
+    spec: dict[str, Any] | str  # keyword sections, or an example spec file name
+    env_frames: int
+    kind: str  # "atari": 100-episode training mean; "mujoco": greedy evaluation
+    target: float | None  # None: reported beside the reference, no pass/fail
+    reference: str
+    overrides: list[str] = field(default_factory=list)
+
+
+REPRODUCTIONS: dict[str, Reproduction] = {
+    "pong_seed_vtrace": Reproduction(
+        "pong_seed_vtrace.yaml", 20_000_000, "atari", 18.0, "target: +18 within 20M frames"
+    ),
+    "pong_impala_vtrace": Reproduction(
+        "pong_impala_vtrace.yaml", 10_000_000, "atari", None, "RLlib IMPALA: 18 at 14M frames"
+    ),
+    "pong_ga3c_a3c": Reproduction(
+        "pong_ga3c_a3c.yaml", 10_000_000, "atari", None, "reported at 10M frames"
+    ),
+    "halfcheetah_sac": Reproduction(
+        {"arch": "seed", "algo": "sac", "env": "HalfCheetah-v5"},
+        300_000,
+        "mujoco",
+        5000.0,
+        "CleanRL SAC, HalfCheetah-v4, 1M steps: 9,635",
+    ),
+    "hopper_td3": Reproduction(
+        {"arch": "seed", "algo": "td3", "env": "Hopper-v5"},
+        300_000,
+        "mujoco",
+        None,
+        "CleanRL TD3, Hopper-v4, 1M steps: 3,135",
+    ),
+}
+
+
+def _platform(repro: Reproduction, overrides: list[str]) -> Platform:
+    if isinstance(repro.spec, str):
+        return Platform.from_yaml(SPECS / repro.spec, overrides)
+    return Platform(repro.spec, overrides=overrides)
+
+
+def run_seed(
+    name: str, repro: Reproduction, seed: int, logdir: Path, checkpoint_s: float, frames: int
+) -> Path:
+    """Train (or resume, or only read back) one seed for `frames`; return its run folder."""
+    folder = logdir / f"{name}-s{seed}"
+    overrides = [
+        *repro.overrides,
+        f"run.seed={seed}",
+        f"run.stop.env_frames={frames}",
+        f"run.checkpoint_interval_s={checkpoint_s}",
+        f"run.logdir={logdir}",
+        f"run.name={folder.name}",
+        "run.display=plain",
+    ]
+    records = read_records(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else []
+    if records and records[-1].get("env_frames", 0) >= frames:
+        print(f"{folder.name}: done ({records[-1]['env_frames']:,} frames), reading it back")
+        return folder
+    if (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir()):
+        print(f"{folder.name}: resuming from its newest checkpoint")
+        Platform.resume(folder, overrides).fit()
+    else:
+        _platform(repro, overrides).fit()
+    return folder
+
+
+def first_reaching(records: list[dict[str, Any]], target: float) -> int | None:
+    """Env frames at the first record whose 100-episode mean reached `target`."""
+    for record in records:
+        if record.get("episode_return_mean", -float("inf")) >= target:
+            return int(record["env_frames"])
+    return None
+
+
+def summarize(name: str, repro: Reproduction, folders: list[Path]) -> dict[str, Any]:
+    """The result JSON: the figures the issue names, and each seed's curve."""
+    per_seed, curves = [], {}
+    for folder in folders:
+        records = read_records(folder / "metrics.jsonl")
+        curves[folder.name] = [
+            [r["env_frames"], r["episode_return_mean"]]
+            for r in records
+            if "episode_return_mean" in r
+        ]
+        last = records[-1]
+        entry: dict[str, Any] = {
+            "run": folder.name,
+            "env_frames": int(last["env_frames"]),
+            "agent_steps": int(last["agent_steps"]),
+            "wall_time_s": round(float(last["wall_time_s"]), 1),
+            "final_return": last.get("episode_return_mean"),
+        }
+        if repro.kind == "atari":
+            entry["frames_to_18"] = first_reaching(records, 18.0)
+        else:
+            spec, algorithm = load_policy(folder)
+            entry["eval_return"] = evaluate(algorithm, spec.env, 10).mean
+        per_seed.append(entry)
+    result: dict[str, Any] = {"name": name, "reference": repro.reference, "curves": curves}
+    if repro.kind == "atari":
+        result.update(per_seed[0] if len(per_seed) == 1 else {"per_seed": per_seed})
+        finals = [s["final_return"] for s in per_seed]
+        result["final_return"] = statistics.median(finals)
+    else:
+        evals = [s["eval_return"] for s in per_seed]
+        result.update(
+            eval_return_mean=statistics.fmean(evals),
+            per_seed=per_seed,
+            agent_steps=min(s["agent_steps"] for s in per_seed),
+        )
+    return result
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for run, points in result["curves"].items():
+        if points:
+            ax.plot(*zip(*points), label=run)
+    ax.set_xlabel("env frames")
+    ax.set_ylabel("mean return (last 100 episodes)")
+    ax.set_title(f"{result['name']} ({result['reference']})")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="reproductions to run (see --list)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--logdir", type=Path, default=Path("runs/reproduce"))
+    parser.add_argument("--checkpoint-s", type=float, default=300.0)
+    parser.add_argument(
+        "--frames",
+        type=int,
+        help="a shorter budget, for a smoke check: results then go to --logdir, not results/",
+    )
+    parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
+    args = parser.parse_args()
+    if args.list or not args.names:
+        for name, repro in REPRODUCTIONS.items():
+            print(f"{name:<20} {repro.env_frames:>12,} frames  {repro.reference}")
+        return 0
+    unknown = [n for n in args.names if n not in REPRODUCTIONS]
+    if unknown:
+        parser.error(f"unknown reproduction(s) {unknown}; known: {', '.join(REPRODUCTIONS)}")
+    missed = []
+    for name in args.names:
+        repro = REPRODUCTIONS[name]
+        frames = args.frames or repro.env_frames
+        folders = [
+            run_seed(name, repro, s, args.logdir, args.checkpoint_s, frames) for s in args.seeds
+        ]
+        result = summarize(name, repro, folders)
+        out = args.logdir if args.frames else RESULTS
+        out.mkdir(parents=True, exist_ok=True)
+        plot(result, out / f"{name}.png")
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        figures = {k: v for k, v in result.items() if k not in ("curves", "per_seed")}
+        print(json.dumps(figures))
+        score = result.get("eval_return_mean", result.get("final_return"))
+        if repro.target is not None and (score is None or score < repro.target):
+            missed.append(name)
+    if missed:
+        print(f"below target: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
