@@ -200,6 +200,21 @@ def test_masks_stay_exact_under_bf16_through_topology_updates(name: str) -> None
     assert changed  # the topology did update under bf16
 
 
+@pytest.mark.parametrize("name", ["sac", "td3"])
+def test_actor_step_computes_no_critic_weight_gradients(name: str) -> None:
+    """The actor's loss runs through a frozen critic: each critic weight gets one gradient
+    per update (its own loss's), and the critic trains again afterwards."""
+    algo = make(name)
+    calls: list[int] = []
+    for p in algo.critic.parameters():
+        p.register_hook(lambda grad: calls.append(1))
+    for _ in range(2):  # TD3's actor steps on the second update
+        algo.update(replay_batch())
+    params = list(algo.critic.parameters())
+    assert len(calls) == 2 * len(params)
+    assert all(p.requires_grad for p in params)
+
+
 def test_learner_threads_default_to_its_cpu_share() -> None:
     assert ResourcesConfig().learner_threads == 1
     assert ResourcesConfig().runner_threads == 1

@@ -30,6 +30,8 @@ range".
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
@@ -100,9 +102,24 @@ class OffPolicyConfig(AlgoConfig):
 
 @torch.no_grad()
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1)."""
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        t.lerp_(s, tau)
+    """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1),
+    as one multi-tensor op over all parameters."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """`module`'s parameters out of autograd while a graph is built through it.
+
+    The actor's loss needs dQ/da through the critic, not the critic's weight gradients,
+    which the critic's next `zero_grad` would discard: leaving them out of the graph saves
+    a third of the critic's backward pass in every actor step.
+    """
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        module.requires_grad_(True)
 
 
 class OffPolicyAlgorithm(Algorithm):
@@ -231,7 +248,10 @@ class OffPolicyAlgorithm(Algorithm):
         self.optimizer = self.optimizers["actor"]
 
     def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
-        return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)
+        """Adam over the modules' parameters (`fused`: one kernel per step, not one per
+        parameter and moment; the same update)."""
+        params = [p for m in modules for p in m.parameters()]
+        return torch.optim.Adam(params, lr=self.cfg.lr, fused=True)
 
     def gradient_step(self, optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
 from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
 
@@ -90,7 +90,7 @@ class SAC(OffPolicyAlgorithm):
             math.log(cfg.alpha_init), device=self.device, requires_grad=True
         )
         self.target_entropy = -float(self.action_dim)
-        self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
+        self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr, fused=True)
 
     def deterministic_actor(self) -> nn.Module:
         return _TanhMean(self.actor)
@@ -169,7 +169,8 @@ class SAC(OffPolicyAlgorithm):
         self.gradient_step(self.optimizers["critic"], critic_loss)
 
         action, logp, _ = self.actor.sample(b["obs"])
-        q_pi = self.critic(b["obs"], action).min(0).values
+        with frozen(self.critic):
+            q_pi = self.critic(b["obs"], action).min(0).values
         actor_loss = (self.alpha * logp - q_pi).mean()
         self.gradient_step(self.optimizers["actor"], actor_loss)
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
 from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
 
@@ -123,7 +123,8 @@ class TD3(OffPolicyAlgorithm):
         }
         # Delayed policy updates (Section 5.2): actor and all targets every policy_freq steps.
         if self.updates % cfg.policy_freq == 0:
-            actor_loss = -self.critic(b["obs"], self.actor(b["obs"]), first=1).mean()
+            with frozen(self.critic):
+                actor_loss = -self.critic(b["obs"], self.actor(b["obs"]), first=1).mean()
             self.gradient_step(self.optimizers["actor"], actor_loss)
             polyak(self.actor_target, self.actor, cfg.tau)
             polyak(self.critic_target, self.critic, cfg.tau)
