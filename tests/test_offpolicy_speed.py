@@ -215,6 +215,17 @@ def test_actor_step_computes_no_critic_weight_gradients(name: str) -> None:
     assert all(p.requires_grad for p in params)
 
 
+def test_a_checkpoint_needs_the_critic_layout_it_was_trained_with() -> None:
+    state = make("sac").state_dict()
+    make("sac").load_state_dict(state)
+    with pytest.raises(ValueError, match=r"algo\.ensemble_critics=False"):
+        make("sac", ensemble=False).load_state_dict(state)
+    networks = dict(state["networks"])
+    networks["q1"] = networks.pop("critic")
+    with pytest.raises(ValueError, match="q1/q2"):
+        make("sac").load_state_dict({**state, "networks": networks})
+
+
 def test_learner_threads_default_to_its_cpu_share() -> None:
     assert ResourcesConfig().learner_threads == 1
     assert ResourcesConfig().runner_threads == 1

@@ -310,6 +310,18 @@ class OffPolicyAlgorithm(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_sparse_state(state)
+        saved = state["networks"]
+        if "critic" not in saved:
+            raise ValueError(
+                f"checkpoint holds networks {sorted(saved)}: the separate q1/q2 critics of "
+                "rlfabric before the critics became one module; this version cannot resume it"
+            )
+        if set(saved["critic"]) != set(self.critic.state_dict()):
+            raise ValueError(
+                "checkpoint's twin critics are laid out differently from this run's "
+                f"(algo.ensemble_critics={self.cfg.ensemble_critics}); resume with the "
+                "algo.ensemble_critics it was trained with"
+            )
         for key, module in self.networks.items():
             module.load_state_dict(state["networks"][key])
         for key, optimizer in self.optimizers.items():
