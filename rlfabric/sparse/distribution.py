@@ -54,11 +54,6 @@ def sparsifiable_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def members(layer: nn.Module) -> int:
-    """How many independent weights a layer's ``weight`` stacks (1 unless an ensemble)."""
-    return layer.members if isinstance(layer, EnsembleLayer) else 1
-
-
 def member_shapes(layer: nn.Module) -> list[tuple[int, ...]]:
     """The weight shape of each member: what ERK sees as one layer."""
     shape = tuple(layer.weight.shape)

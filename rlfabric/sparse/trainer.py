@@ -40,9 +40,9 @@ from torch import Tensor, nn
 
 from rlfabric.sparse.distribution import (
     Distribution,
+    EnsembleLayer,
     layer_active_counts,
     member_shapes,
-    members,
     sparsifiable_layers,
 )
 from rlfabric.sparse.flops import forward_flops, training_flops
@@ -53,14 +53,13 @@ from rlfabric.sparse.topology import METHODS, Method, drop_and_grow, drop_fracti
 class _Layer:
     """One masked weight: module name, parameter, bool mask, dense gradient for RigL.
 
-    ``members`` independent weights are stacked on the leading dimension of an ensemble
-    layer's ``weight`` and ``mask``; :meth:`split` views any such tensor member by member.
+    An ensemble layer stacks its members' weights on the leading dimension of ``weight``
+    and ``mask``; :meth:`split` views any such tensor member by member.
     """
 
     name: str
     weight: nn.Parameter
     mask: Tensor
-    members: int
     ensemble: bool
     dense_grad: Tensor | None = None
 
@@ -140,8 +139,8 @@ class SparseTrainer:
         with torch.no_grad():
             for name, module_layer in found:
                 weight = module_layer.weight
-                n = members(module_layer)
-                layer = _Layer(name, weight, torch.zeros_like(weight, dtype=torch.bool), n, n > 1)
+                ensemble = isinstance(module_layer, EnsembleLayer)
+                layer = _Layer(name, weight, torch.zeros_like(weight, dtype=torch.bool), ensemble)
                 for member_weight, member_mask in zip(
                     layer.split(weight), layer.split(layer.mask), strict=True
                 ):
@@ -232,6 +231,9 @@ class SparseTrainer:
         A layer with no recorded gradient (unused by the loss) keeps its topology.
         """
         for layer in self._sparse_layers:
+            ks = [int(fraction * int(mask.sum())) for mask in layer.split(layer.mask)]
+            if not any(ks):
+                continue
             if self.method == "rigl":
                 if layer.dense_grad is None:
                     continue
@@ -240,16 +242,15 @@ class SparseTrainer:
                 score = torch.rand(layer.mask.shape, generator=self._generator)
                 score = score.to(layer.mask.device)  # the generator is on the CPU
             new_mask = layer.mask.clone()
-            for mask, weight, member_score, member_new in zip(
+            for k, mask, weight, member_score, member_new in zip(
+                ks,
                 layer.split(layer.mask),
                 layer.split(layer.weight),
                 layer.split(score),
                 layer.split(new_mask),
                 strict=True,
             ):
-                active = int(mask.sum())
-                k = int(fraction * active)
-                if k > 0 and active < mask.numel():  # a dense member is not a sparse layer
+                if k > 0 and not bool(mask.all()):  # a dense member is not a sparse layer
                     member_new.copy_(drop_and_grow(mask, weight, member_score, k))
             kept = layer.mask & new_mask
             layer.weight.masked_fill_(~kept, 0.0)
