@@ -79,7 +79,7 @@ def model_ceiling(settings: dict, seconds: float) -> float:
     """Agent steps/s of V-trace updates (forward + backward + optimizer) at the learner batch."""
     platform = Platform(**settings)
     spec, info = platform.spec, platform.env_info
-    torch.set_num_threads(spec.resources.torch_threads)
+    torch.set_num_threads(spec.resources.learner_threads)
     algo = ALGORITHMS[spec.algo.name](
         spec.algo, info.observation_space, info.action_space, spec.model
     )

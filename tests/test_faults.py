@@ -44,7 +44,7 @@ def test_a_nan_batch_skips_the_step_and_leaves_weights_alone():
     cls = ALGORITHMS["td3"]
     env = gym.make("Pendulum-v1")
     algo = cls(cls.config_cls(hidden=[16]), env.observation_space, env.action_space, ModelConfig())
-    before = {k: v.clone() for k, v in algo.q1.state_dict().items()}
+    before = {k: v.clone() for k, v in algo.critic.state_dict().items()}
     batch = {
         "obs": np.zeros((8, 3), np.float32),
         "action": np.zeros((8, 1), np.float32),
@@ -55,7 +55,7 @@ def test_a_nan_batch_skips_the_step_and_leaves_weights_alone():
     metrics = algo.update(batch)
     assert not np.isfinite(metrics["critic_loss"])
     assert algo.nonfinite_steps == 1
-    for key, value in algo.q1.state_dict().items():
+    for key, value in algo.critic.state_dict().items():
         assert torch.equal(value, before[key]), key
 
 

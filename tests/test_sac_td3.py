@@ -41,8 +41,14 @@ def np_mlp(net: nn.Sequential, x: np.ndarray) -> np.ndarray:
     return np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
 
 
-def np_q(q: nn.Module, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
-    return np_mlp(q.net, np.concatenate([obs, action], -1))[:, 0]
+def np_q(critic: nn.Module, member: int, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+    """Q of one member of an `EnsembleQ` critic (weights [N, in, out]) from its raw weights."""
+    (w1, b1), (w2, b2) = (
+        (layer.weight[member].detach().numpy(), layer.bias[member, 0].detach().numpy())
+        for layer in critic.layers
+    )
+    x = np.concatenate([obs, action], -1)
+    return (np.maximum(x @ w1 + b1, 0) @ w2 + b2)[:, 0]
 
 
 def replay_batch(b: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
@@ -69,7 +75,7 @@ def test_td3_target_with_smoothing_matches_hand_computation() -> None:
     s2 = batch["next_obs"]
     mu = np.tanh(np_mlp(algo.actor_target.net, s2))
     a2 = np.clip(mu + np.clip(noise, -0.5, 0.5), -1, 1)
-    q = np.minimum(np_q(algo.q1_target, s2, a2), np_q(algo.q2_target, s2, a2))
+    q = np.minimum(np_q(algo.critic_target, 0, s2, a2), np_q(algo.critic_target, 1, s2, a2))
     expected = batch["reward"] + batch["discount"] * q
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     # Terminal transitions (discount 0) do not bootstrap; gamma is not applied twice.
@@ -111,7 +117,7 @@ def test_sac_target_and_alpha_loss_match_hand_computation() -> None:
 
     s2 = batch["next_obs"]
     a2, logp = np_sac_sample(algo, s2, eps)
-    q = np.minimum(np_q(algo.q1_target, s2, a2), np_q(algo.q2_target, s2, a2))
+    q = np.minimum(np_q(algo.critic_target, 0, s2, a2), np_q(algo.critic_target, 1, s2, a2))
     entropy = np.zeros(6)
     for k in range(2):
         _, mid_logp = np_sac_sample(algo, mid_obs[:, k], mid_eps[:, k])
@@ -148,13 +154,18 @@ def test_td3_actor_and_targets_update_every_policy_freq() -> None:
         return [p.detach().clone() for p in net.parameters()]
 
     for step in range(1, 7):
-        actor, target, q1 = snapshot(algo.actor), snapshot(algo.q1_target), snapshot(algo.q1)
+        actor, target = snapshot(algo.actor), snapshot(algo.critic_target)
+        critic = snapshot(algo.critic)
         metrics = algo.update(batch)
         delayed = step % 2 == 0
         assert ("actor_loss" in metrics) == delayed
         changed = [
             any(not torch.equal(a, b) for a, b in zip(old, net.parameters(), strict=True))
-            for old, net in ((actor, algo.actor), (target, algo.q1_target), (q1, algo.q1))
+            for old, net in (
+                (actor, algo.actor),
+                (target, algo.critic_target),
+                (critic, algo.critic),
+            )
         ]
         assert changed == [delayed, delayed, True], step
 

@@ -15,8 +15,10 @@ used 1,000 to 10,000; its later code and CleanRL's TD3 use 25,000, which
 `algo.warmup_steps` restores for long MuJoCo runs). The networks have their
 own `hidden` field rather than the spec's `model.hidden` (whose [64, 64]
 default suits the on-policy MLPs) so that the off-policy defaults are the
-references'; `model` is otherwise ignored. Layers keep PyTorch's default init,
-as in the references.
+references'; of `model`, only `precision` is read ('bf16': the networks' matmuls
+run in bfloat16, see `offpolicy_networks`). Layers keep PyTorch's default init,
+as in the references. The twin critics are one module, `self.critic`, giving Q
+values `[2, B]`, evaluated as one batched ensemble unless `ensemble_critics` is off.
 
 Policies act in tanh units, [-1, 1] per dimension, and the critics see
 actions in those units too (the batch's env-unit actions are mapped back), so
@@ -28,6 +30,8 @@ range".
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
@@ -38,6 +42,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from rlfabric.algorithms.base import AlgoConfig, Algorithm, SparseRole
+from rlfabric.algorithms.offpolicy_networks import EnsembleQ, SeparateQ
 from rlfabric.models import ModelConfig
 
 
@@ -88,48 +93,33 @@ class OffPolicyConfig(AlgoConfig):
     buffer_threshold: float = Field(
         0.2, gt=0, description="policy distance above which the dynamic buffer shrinks (RLx2)"
     )
-
-
-def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
-    """ReLU MLP with PyTorch's default init, as CleanRL's SAC/TD3 and Fujimoto's TD3."""
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
-
-
-class QNetwork(nn.Module):
-    """Q(s, a) from the flattened observation concatenated with the action in tanh units."""
-
-    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
-        super().__init__()
-        self.net = mlp(obs_dim + action_dim, hidden, 1)
-
-    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
-        return self.net(torch.cat([obs.flatten(1).float(), action], dim=-1)).squeeze(-1)
-
-
-class TwinQ(nn.Module):
-    """Q1 and Q2 as one module: the critic RLx2 sparsifies as one network (ERK over both).
-
-    A view that owns nothing new: its parameters are those of the two Q networks.
-    """
-
-    def __init__(self, q1: QNetwork, q2: QNetwork) -> None:
-        super().__init__()
-        self.q1, self.q2 = q1, q2
-
-    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        return self.q1(obs, action), self.q2(obs, action)
+    ensemble_critics: bool = Field(
+        True,
+        description="evaluate the twin critics as one batched ensemble (one matmul per layer); "
+        "false: two separate networks in a row, as the references (same math, slower)",
+    )
 
 
 @torch.no_grad()
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1)."""
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        t.lerp_(s, tau)
+    """Soft target update, theta' <- tau * theta + (1 - tau) * theta' (TD3 Alg. 1, SAC Alg. 1),
+    as one multi-tensor op over all parameters."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """`module`'s parameters out of autograd while a graph is built through it.
+
+    The actor's loss needs dQ/da through the critic, not the critic's weight gradients,
+    which the critic's next `zero_grad` would discard: leaving them out of the graph saves
+    a third of the critic's backward pass in every actor step.
+    """
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        module.requires_grad_(True)
 
 
 class OffPolicyAlgorithm(Algorithm):
@@ -226,35 +216,42 @@ class OffPolicyAlgorithm(Algorithm):
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the networks' matmuls run under bfloat16 autocast (`model.precision`)."""
+        return self.model_cfg.precision == "bf16"
+
     def build_networks(self, actor: nn.Module, actor_target: bool = False) -> None:
-        """The actor (a target copy of it too, for TD3), twin critics Q1, Q2 with targets
-        (the clipped double Q of TD3, which SAC shares), and the actor's and critics' Adam.
+        """The actor (a target copy of it too, for TD3), the twin critics Q1, Q2 as one
+        module with its target (the clipped double Q of TD3, which SAC shares), and the
+        actor's and critics' Adam.
 
         Fills `model` (the actor: what env runners need), `networks` and `optimizers`.
         """
-        dims = (self.obs_dim, self.action_dim, self.cfg.hidden)
+        critic_cls = EnsembleQ if self.cfg.ensemble_critics else SeparateQ
         self.actor = self.model = actor.to(self.device)
-        self.q1 = QNetwork(*dims).to(self.device)
-        self.q2 = QNetwork(*dims).to(self.device)
-        self.q1_target = copy.deepcopy(self.q1)
-        self.q2_target = copy.deepcopy(self.q2)
+        self.critic = critic_cls(
+            self.obs_dim, self.action_dim, self.cfg.hidden, members=2, bf16=self.bf16
+        ).to(self.device)
+        self.critic_target = copy.deepcopy(self.critic)
         self.networks = {
             "actor": self.actor,
-            "q1": self.q1,
-            "q2": self.q2,
-            "q1_target": self.q1_target,
-            "q2_target": self.q2_target,
+            "critic": self.critic,
+            "critic_target": self.critic_target,
         }
         if actor_target:
             self.networks["actor_target"] = copy.deepcopy(self.actor)
         self.optimizers = {
             "actor": self.make_optimizer(self.actor),
-            "critic": self.make_optimizer(self.q1, self.q2),
+            "critic": self.make_optimizer(self.critic),
         }
         self.optimizer = self.optimizers["actor"]
 
     def make_optimizer(self, *modules: nn.Module) -> torch.optim.Adam:
-        return torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.cfg.lr)
+        """Adam over the modules' parameters (`fused`: one kernel per step, not one per
+        parameter and moment; the same update)."""
+        params = [p for m in modules for p in m.parameters()]
+        return torch.optim.Adam(params, lr=self.cfg.lr, fused=True)
 
     def gradient_step(self, optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -269,7 +266,8 @@ class OffPolicyAlgorithm(Algorithm):
         return obs, torch.zeros((1, self.action_dim), device=self.device)
 
     def sparse_roles(self) -> dict[str, SparseRole]:
-        """The actor with its optimizer; the critic: Q1 and Q2 with theirs and their targets."""
+        """The actor with its optimizer; the critic: Q1 and Q2 (one module, one ERK over
+        both members, as RLx2) with their optimizer and target."""
         return {
             "actor": SparseRole(
                 self.actor,
@@ -279,10 +277,10 @@ class OffPolicyAlgorithm(Algorithm):
                 steps_per_update=self.actor_steps_per_update(),
             ),
             "critic": SparseRole(
-                TwinQ(self.q1, self.q2),
+                self.critic,
                 self.optimizers["critic"],
                 lambda: self.sample_inputs(action=True),
-                targets=(TwinQ(self.q1_target, self.q2_target),),
+                targets=(self.critic_target,),
             ),
         }
 
@@ -312,6 +310,18 @@ class OffPolicyAlgorithm(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_sparse_state(state)
+        saved = state["networks"]
+        if "critic" not in saved:
+            raise ValueError(
+                f"checkpoint holds networks {sorted(saved)}: the separate q1/q2 critics of "
+                "rlfabric before the critics became one module; this version cannot resume it"
+            )
+        if set(saved["critic"]) != set(self.critic.state_dict()):
+            raise ValueError(
+                "checkpoint's twin critics are laid out differently from this run's "
+                f"(algo.ensemble_critics={self.cfg.ensemble_critics}); resume with the "
+                "algo.ensemble_critics it was trained with"
+            )
         for key, module in self.networks.items():
             module.load_state_dict(state["networks"][key])
         for key, optimizer in self.optimizers.items():

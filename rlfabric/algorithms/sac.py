@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, mlp, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
+from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -35,14 +36,17 @@ class SACConfig(OffPolicyConfig):
 
 
 class TanhGaussianActor(nn.Module):
-    """Mean and log std of a Gaussian over pre-tanh actions."""
+    """Mean and log std of a Gaussian over pre-tanh actions (the MLP in bf16 if `bf16`)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden: list[int], bf16: bool = False
+    ) -> None:
         super().__init__()
         self.net = mlp(obs_dim, hidden, 2 * action_dim)
+        self.bf16 = bf16
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, log_std = self.net(obs.flatten(1).float()).chunk(2, dim=-1)
+        mean, log_std = run_mixed(self.net, obs.flatten(1).float(), self.bf16).chunk(2, dim=-1)
         # CleanRL's smooth squash into [LOG_STD_MIN, LOG_STD_MAX]: a gradient everywhere.
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
@@ -79,12 +83,14 @@ class SAC(OffPolicyAlgorithm):
         device: str = "cpu",
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        self.build_networks(TanhGaussianActor(self.obs_dim, self.action_dim, cfg.hidden))
+        self.build_networks(
+            TanhGaussianActor(self.obs_dim, self.action_dim, cfg.hidden, bf16=self.bf16)
+        )
         self.log_alpha = torch.tensor(
             math.log(cfg.alpha_init), device=self.device, requires_grad=True
         )
         self.target_entropy = -float(self.action_dim)
-        self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
+        self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr, fused=True)
 
     def deterministic_actor(self) -> nn.Module:
         return _TanhMean(self.actor)
@@ -133,9 +139,7 @@ class SAC(OffPolicyAlgorithm):
         (1-step folds) the sum is empty. `eps` and `mid_eps` fix the noise (tests).
         """
         next_action, next_logp, _ = self.actor.sample(next_obs, eps)
-        next_q = torch.min(
-            self.q1_target(next_obs, next_action), self.q2_target(next_obs, next_action)
-        )
+        next_q = self.critic_target(next_obs, next_action).min(0).values
         y = reward + discount * (next_q - self.alpha * next_logp)
         if mid_obs is not None and mid_discount is not None and mid_discount.shape[1] > 0:
             flat_eps = None if mid_eps is None else mid_eps.flatten(0, 1)
@@ -160,20 +164,20 @@ class SAC(OffPolicyAlgorithm):
             mid_obs=b.get("mid_obs"),
             mid_discount=b.get("mid_discount"),
         )
-        q1, q2 = self.q1(b["obs"], b["action"]), self.q2(b["obs"], b["action"])
-        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        q = self.critic(b["obs"], b["action"])
+        critic_loss = F.mse_loss(q, y.expand_as(q), reduction="none").mean(1).sum()
         self.gradient_step(self.optimizers["critic"], critic_loss)
 
         action, logp, _ = self.actor.sample(b["obs"])
-        q_pi = torch.min(self.q1(b["obs"], action), self.q2(b["obs"], action))
+        with frozen(self.critic):
+            q_pi = self.critic(b["obs"], action).min(0).values
         actor_loss = (self.alpha * logp - q_pi).mean()
         self.gradient_step(self.optimizers["actor"], actor_loss)
 
         alpha_loss = self.alpha_loss(logp)
         self.gradient_step(self.optimizers["alpha"], alpha_loss)
 
-        polyak(self.q1_target, self.q1, self.cfg.tau)
-        polyak(self.q2_target, self.q2, self.cfg.tau)
+        polyak(self.critic_target, self.critic, self.cfg.tau)
         self.after_target_update()
         return {
             "critic_loss": critic_loss.item(),
@@ -181,7 +185,7 @@ class SAC(OffPolicyAlgorithm):
             "alpha_loss": alpha_loss.item(),
             "alpha": self.alpha.item(),
             "entropy": -logp.mean().item(),
-            "q_mean": q1.mean().item(),
+            "q_mean": q[0].mean().item(),
             "target_mean": y.mean().item(),
         }
 

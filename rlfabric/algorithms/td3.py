@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, mlp, polyak
+from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
+from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
 
 
@@ -36,14 +37,17 @@ class TD3Config(OffPolicyConfig):
 
 
 class DeterministicActor(nn.Module):
-    """mu(s) in tanh units [-1, 1]."""
+    """mu(s) in tanh units [-1, 1] (the MLP in bf16 if `bf16`)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden: list[int], bf16: bool = False
+    ) -> None:
         super().__init__()
         self.net = mlp(obs_dim, hidden, action_dim)
+        self.bf16 = bf16
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.tanh(self.net(obs.flatten(1).float()))
+        return torch.tanh(run_mixed(self.net, obs.flatten(1).float(), self.bf16))
 
 
 class TD3(OffPolicyAlgorithm):
@@ -61,7 +65,7 @@ class TD3(OffPolicyAlgorithm):
         device: str = "cpu",
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        actor = DeterministicActor(self.obs_dim, self.action_dim, cfg.hidden)
+        actor = DeterministicActor(self.obs_dim, self.action_dim, cfg.hidden, bf16=self.bf16)
         self.build_networks(actor, actor_target=True)
         self.actor_target = self.networks["actor_target"]
 
@@ -100,9 +104,7 @@ class TD3(OffPolicyAlgorithm):
         """
         smoothing = noise.clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
         next_action = (self.actor_target(next_obs) + smoothing).clamp(-1.0, 1.0)
-        next_q = torch.min(
-            self.q1_target(next_obs, next_action), self.q2_target(next_obs, next_action)
-        )
+        next_q = self.critic_target(next_obs, next_action).min(0).values
         return reward + discount * next_q
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
@@ -111,21 +113,21 @@ class TD3(OffPolicyAlgorithm):
         self.updates += 1
         noise = torch.randn_like(b["action"]) * cfg.policy_noise
         y = self.target(b["reward"], b["next_obs"], b["discount"], noise)
-        q1, q2 = self.q1(b["obs"], b["action"]), self.q2(b["obs"], b["action"])
-        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        q = self.critic(b["obs"], b["action"])
+        critic_loss = F.mse_loss(q, y.expand_as(q), reduction="none").mean(1).sum()
         self.gradient_step(self.optimizers["critic"], critic_loss)
         metrics = {
             "critic_loss": critic_loss.item(),
-            "q_mean": q1.mean().item(),
+            "q_mean": q[0].mean().item(),
             "target_mean": y.mean().item(),
         }
         # Delayed policy updates (Section 5.2): actor and all targets every policy_freq steps.
         if self.updates % cfg.policy_freq == 0:
-            actor_loss = -self.q1(b["obs"], self.actor(b["obs"])).mean()
+            with frozen(self.critic):
+                actor_loss = -self.critic(b["obs"], self.actor(b["obs"]), first=1).mean()
             self.gradient_step(self.optimizers["actor"], actor_loss)
             polyak(self.actor_target, self.actor, cfg.tau)
-            polyak(self.q1_target, self.q1, cfg.tau)
-            polyak(self.q2_target, self.q2, cfg.tau)
+            polyak(self.critic_target, self.critic, cfg.tau)
             self.after_target_update()
             metrics["actor_loss"] = actor_loss.item()
         return metrics

@@ -33,7 +33,7 @@ class LocalArchitecture(Architecture):
 
     def start(self, state: dict[str, Any] | None = None) -> None:
         spec = self.spec
-        torch.set_num_threads(spec.resources.torch_threads)
+        torch.set_num_threads(spec.resources.learner_threads)
         self.learner = Learner(spec, self.env_info, self.stop_conditions.env_frames)
         if state is not None:
             self.learner.load_state_dict(state)

@@ -28,7 +28,7 @@ class RayEnvRunner(EnvRunner):
     """An EnvRunner built from the spec, as a Ray actor builds it."""
 
     def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
+        torch.set_num_threads(spec.resources.runner_threads)
         super().__init__(spec.env, index, seed, num_groups=spec.arch.env_groups)
         self.spec = spec
         self.env_info = env_info

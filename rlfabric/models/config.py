@@ -30,8 +30,9 @@ class ModelConfig(BaseModel):
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
-        description="'bf16' runs the torso under bfloat16 autocast (as SEED RL on TPUs): about "
-        "2x faster convolutions on CPUs with AVX512-BF16 or AMX, and on GPUs",
+        description="'bf16' runs the torso (SAC/TD3: every network's matmuls) under bfloat16 "
+        "autocast (as SEED RL on TPUs): about 2x faster convolutions and matmuls on CPUs with "
+        "AVX512-BF16 or AMX, and on GPUs; slower on CPUs without them",
     )
     log_std_init: float = Field(
         0.0, description="initial log standard deviation of the Gaussian head (continuous actions)"

@@ -50,7 +50,7 @@ class LearnerWorker:
     """Learners 1..N-1: the algorithm, updated on the shards learner 0 sends."""
 
     def __init__(self, spec: LearningSpec, env_info: EnvInfo, frame_budget: int | None) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
+        torch.set_num_threads(spec.resources.learner_threads)
         self.device = device_for_this_actor()
         self.algorithm = make_algorithm(spec, env_info, frame_budget, self.device)
 

@@ -53,7 +53,7 @@ class LearnerProcess:
         queue_metric: str = "batch_queue",
         buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
     ) -> None:
-        torch.set_num_threads(spec.resources.torch_threads)
+        torch.set_num_threads(spec.resources.learner_threads)
         # Inference threads need the GIL for a moment between torch ops while a trainer
         # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
         sys.setswitchinterval(0.0005)

@@ -15,24 +15,49 @@ dense and ``eps`` is solved again over the remaining layers, until none exceeds 
 such as a critic's scalar output or a narrow input layer end up dense on their own.
 
 Uniform gives every layer the density ``1 - S``.
+
+An ensemble layer (:class:`EnsembleLayer`, e.g. twin critics as one batched matmul) holds
+``members`` independent weights stacked on its leading dimension; every function here treats
+each member as a layer of its own, so an ensemble gets exactly the densities, masks and
+FLOPs that the same number of separate networks would.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
-from torch import nn
+from torch import Tensor, nn
 
 Distribution = Literal["erk", "uniform"]
 DISTRIBUTIONS: tuple[str, ...] = ("erk", "uniform")
 SPARSIFIABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+@runtime_checkable
+class EnsembleLayer(Protocol):
+    """A layer of ``members`` independent networks: ``weight[i]`` is member ``i``'s weight
+    and its output is ``[members, batch, ..., out_features]``."""
+
+    members: int
+    out_features: int
+    weight: Tensor
+
+
 def sparsifiable_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every Linear/Conv sub-module, named as in ``named_modules``: the layers to mask."""
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, SPARSIFIABLE)]
+    """Every Linear/Conv/ensemble sub-module, named as in ``named_modules``: the layers to mask."""
+    return [
+        (name, m)
+        for name, m in module.named_modules()
+        if isinstance(m, (*SPARSIFIABLE, EnsembleLayer))
+    ]
+
+
+def member_shapes(layer: nn.Module) -> list[tuple[int, ...]]:
+    """The weight shape of each member: what ERK sees as one layer."""
+    shape = tuple(layer.weight.shape)
+    return [shape[1:]] * layer.members if isinstance(layer, EnsembleLayer) else [shape]
 
 
 def layer_densities(

@@ -7,6 +7,7 @@ FLOPs each (one multiply, one add), at every output position:
     Conv    2 * (I / groups) * O * kh * kw * H_out * W_out
     sparse  the same with the layer's active weights only: 2 * active * positions
     LSTMCell  2 * (4H * I + 4H * H) per step, dense and sparse alike: no mask covers it
+    ensemble  the sum over its members, each counted as the Linear it stands for
 
 Biases, activations and normalisation are left out; they are the same few FLOPs for dense
 and sparse models. These are theoretical FLOPs: masked dense matmuls run no faster
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rlfabric.sparse.distribution import sparsifiable_layers
+from rlfabric.sparse.distribution import EnsembleLayer, sparsifiable_layers
 from rlfabric.sparse.topology import Method, update_step_count
 
 
@@ -82,7 +83,12 @@ def forward_flops(
     counts: dict[str, tuple[int, int]] = {}
 
     def record(name: str, layer: nn.Module, output: Tensor) -> None:
-        positions = output.numel() // (batch * layer.weight.shape[0])
+        # Output units per position: an ensemble's members each have out_features.
+        if isinstance(layer, EnsembleLayer):
+            units = layer.weight.shape[0] * layer.out_features
+        else:
+            units = layer.weight.shape[0]
+        positions = output.numel() // (batch * units)
         active = int(masks[name].sum()) if name in masks else layer.weight.numel()
         dense, sparse = counts.get(name, (0, 0))
         counts[name] = (

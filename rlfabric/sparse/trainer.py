@@ -15,6 +15,9 @@ TD3/SAC sparse from scratch with RigL topology evolution (Evci et al., arXiv 191
 - :meth:`SparseTrainer.mask_target` re-masks a target network after each soft update.
 - Weight matrices of other modules (an LSTM's) are not masked: they train dense and are
   counted as dense in the reported sparsity and FLOPs, so the figures stay true.
+- An ensemble layer (``distribution.EnsembleLayer``: twin critics as one batched matmul) is
+  masked member by member: each member gets its own ERK density, initial top-``|w|`` mask
+  and drop/grow, exactly as the same members as separate layers would.
 
 Usage::
 
@@ -37,7 +40,9 @@ from torch import Tensor, nn
 
 from rlfabric.sparse.distribution import (
     Distribution,
+    EnsembleLayer,
     layer_active_counts,
+    member_shapes,
     sparsifiable_layers,
 )
 from rlfabric.sparse.flops import forward_flops, training_flops
@@ -46,17 +51,26 @@ from rlfabric.sparse.topology import METHODS, Method, drop_and_grow, drop_fracti
 
 @dataclass
 class _Layer:
-    """One masked weight: module name, parameter, bool mask, dense gradient for RigL."""
+    """One masked weight: module name, parameter, bool mask, dense gradient for RigL.
+
+    An ensemble layer stacks its members' weights on the leading dimension of ``weight``
+    and ``mask``; :meth:`split` views any such tensor member by member.
+    """
 
     name: str
     weight: nn.Parameter
     mask: Tensor
+    ensemble: bool
     dense_grad: Tensor | None = None
 
     @property
     def sparse(self) -> bool:
         """Dense layers (ERK made them so, or sparsity 0) need no hook and no updates."""
         return int(self.mask.sum()) < self.mask.numel()
+
+    def split(self, tensor: Tensor) -> Tensor:
+        """``tensor`` (shaped like the weight) as ``[members, *member_shape]``, a view."""
+        return tensor if self.ensemble else tensor.unsqueeze(0)
 
 
 class SparseTrainer:
@@ -114,22 +128,32 @@ class SparseTrainer:
         self.step_count = 0
         """Optimizer steps taken so far (update steps included): the schedule's position."""
         self._generator = torch.Generator().manual_seed(seed)
-        counts = layer_active_counts(
-            [layer.weight.shape for _, layer in found], sparsity, distribution
+        counts = iter(
+            layer_active_counts(
+                [shape for _, layer in found for shape in member_shapes(layer)],
+                sparsity,
+                distribution,
+            )
         )
         self._layers: list[_Layer] = []
         with torch.no_grad():
-            for (name, layer), active in zip(found, counts):
-                weight = layer.weight
-                mask = torch.zeros(weight.numel(), dtype=torch.bool, device=weight.device)
-                mask[torch.topk(weight.abs().reshape(-1), active).indices] = True
-                mask = mask.view_as(weight)
-                weight.mul_(mask)
-                self._layers.append(_Layer(name, weight, mask))
+            for name, module_layer in found:
+                weight = module_layer.weight
+                ensemble = isinstance(module_layer, EnsembleLayer)
+                layer = _Layer(name, weight, torch.zeros_like(weight, dtype=torch.bool), ensemble)
+                for member_weight, member_mask in zip(
+                    layer.split(weight), layer.split(layer.mask), strict=True
+                ):
+                    top = torch.topk(member_weight.abs().reshape(-1), next(counts)).indices
+                    member_mask.view(-1)[top] = True
+                weight.mul_(layer.mask)
+                self._layers.append(layer)
         self._sparse_layers = [layer for layer in self._layers if layer.sparse]
-        masked = {id(layer.weight) for layer in self._layers}
+        # A masked layer's own parameters are its weight and its bias (an ensemble's bias is
+        # [members, 1, out]: 3-D, yet a bias).
+        covered = {id(p) for _, layer in found for p in layer.parameters(recurse=False)}
         self.dense_weights = sum(
-            p.numel() for p in module.parameters() if p.ndim >= 2 and id(p) not in masked
+            p.numel() for p in module.parameters() if p.ndim >= 2 and id(p) not in covered
         )
         """Weights of modules no mask covers (e.g. LSTM cells): dense, and counted so."""
         for layer in self._sparse_layers:
@@ -198,7 +222,8 @@ class SparseTrainer:
 
     @torch.no_grad()
     def _update_topology(self, fraction: float) -> None:
-        """Drop and grow ``int(fraction * active)`` connections per sparse layer.
+        """Drop and grow ``int(fraction * active)`` connections per sparse layer (per member
+        of an ensemble layer).
 
         ``k`` is floored as in RLx2's and RigL's code. New connections start at weight 0 and
         optimizer state 0 (RigL's reference resets the state; RLx2 masks the momentum); the
@@ -206,8 +231,8 @@ class SparseTrainer:
         A layer with no recorded gradient (unused by the loss) keeps its topology.
         """
         for layer in self._sparse_layers:
-            k = int(fraction * int(layer.mask.sum()))
-            if k == 0:
+            ks = [int(fraction * int(mask.sum())) for mask in layer.split(layer.mask)]
+            if not any(ks):
                 continue
             if self.method == "rigl":
                 if layer.dense_grad is None:
@@ -216,7 +241,17 @@ class SparseTrainer:
             else:
                 score = torch.rand(layer.mask.shape, generator=self._generator)
                 score = score.to(layer.mask.device)  # the generator is on the CPU
-            new_mask = drop_and_grow(layer.mask, layer.weight, score, k)
+            new_mask = layer.mask.clone()
+            for k, mask, weight, member_score, member_new in zip(
+                ks,
+                layer.split(layer.mask),
+                layer.split(layer.weight),
+                layer.split(score),
+                layer.split(new_mask),
+                strict=True,
+            ):
+                if k > 0 and not bool(mask.all()):  # a dense member is not a sparse layer
+                    member_new.copy_(drop_and_grow(mask, weight, member_score, k))
             kept = layer.mask & new_mask
             layer.weight.masked_fill_(~kept, 0.0)
             for value in self.optimizer.state.get(layer.weight, {}).values():
