@@ -124,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output folder (default: <logdir>/export)")
     spec_cmd = commands.add_parser("spec", help="inspect specs")
     spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
-    show = spec_sub.add_parser("show", help="print the fully resolved spec with defaults")
+    show = spec_sub.add_parser(
+        "show",
+        help="print the fully resolved spec, each value with where it came from "
+        "(user, preset <name>, default)",
+    )
     show.add_argument("spec", help="YAML experiment spec")
     show.add_argument("overrides", nargs="*", help="dotted overrides")
     return parser
@@ -237,7 +241,7 @@ def _export(args: argparse.Namespace) -> int:
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.platform.spec import ExperimentSpec
 
-    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_yaml(), end="")
+    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_annotated_yaml(), end="")
     return 0
 
 
