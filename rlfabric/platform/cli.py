@@ -61,9 +61,11 @@ def spec_reference() -> str:
             for name, cls in ARCHITECTURES.items():
                 lines.append(f" arch: {name}")
                 lines += describe_fields(cls.config_cls, "arch")
-        else:
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             lines.append(f" {section}: {info.description}")
             lines += describe_fields(info.annotation, section)
+        else:  # a top-level field (preset)
+            lines.append(f" {section} (default {info.default!r}): {info.description}")
     return "\n".join(lines)
 
 

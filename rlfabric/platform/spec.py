@@ -134,6 +134,14 @@ class ExperimentSpec(_Section):
             )
         return cls.build(data, overrides)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal specs, whatever their provenance."""
+        if not isinstance(other, ExperimentSpec):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any pydantic model
+
     def origin(self, path: tuple[str, ...]) -> str:
         """Where the value at `path` came from: 'user', 'preset <name>' or 'default'."""
         return self._provenance.origin(path) if self._provenance else "user"
