@@ -15,6 +15,7 @@ from rlfabric.envs import EnvConfig
 from rlfabric.errors import SpecError
 from rlfabric.platform import presets
 from rlfabric.platform.cli import main
+from rlfabric.platform.presets import load_file
 from rlfabric.platform.spec import ExperimentSpec
 
 
@@ -66,7 +67,12 @@ def test_preset_none_gives_the_paper_defaults():
     spec = ExperimentSpec.build({"algo": "vtrace", "preset": "none"})
     assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop", 6e-4, 20)
     assert spec.env.num_envs == 64 and spec.preset == "none"
-    assert ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1", "preset": "none"}).algo.warmup_steps == 5000
+    assert (
+        ExperimentSpec.build(
+            {"algo": "sac", "env": "Pendulum-v1", "preset": "none"}
+        ).algo.warmup_steps
+        == 5000
+    )
 
 
 def test_user_values_win_python_yaml_and_overrides(tmp_path):
@@ -136,16 +142,25 @@ def test_every_shipped_preset_validates(algo, family):
         assert spec.preset == f"{algo}/{family}" and spec.algo.name == algo
 
 
-def _distinct_runs() -> list[tuple[str, str, str]]:
-    """(preset, algo, arch) with distinct resolved settings (vector is classic's alias)."""
+def _distinct_runs() -> list:
+    """(preset, algo, arch) with distinct resolved settings (vector is classic's alias).
+
+    The default suite runs every preset under `local` (about a second each) and the
+    presets with per-architecture blocks under every architecture; the rest under
+    Ray (about 10 s a run on 2 cores, settings as under `local`) are marked slow.
+    """
     seen, runs = set(), []
     for algo, family in _shipped():
         for arch in ARCHITECTURES:
             preset = presets.find_preset(f"{algo}/{family}", algo, arch, EnvConfig())
             key = (algo, arch, yaml.safe_dump(preset.merged()))
-            if key not in seen:
-                seen.add(key)
-                runs.append((f"{algo}/{family}", algo, arch))
+            if key in seen:
+                continue
+            seen.add(key)
+            per_arch = load_file(algo)[family].get("per_arch")
+            fast = arch == "local" or bool(per_arch)
+            marks = () if fast else (pytest.mark.slow,)
+            runs.append(pytest.param(f"{algo}/{family}", algo, arch, marks=marks))
     return runs
 
 
@@ -160,8 +175,8 @@ def test_every_shipped_preset_trains_under_every_architecture(
     probe = ExperimentSpec.build(data)
     if replay:  # the warm-up, then a few updates
         frames = probe.algo.warmup_steps + 64 * probe.env.num_envs
-    else:  # two batches
-        frames = 2 * probe.algo.unroll_length * probe.algo.batch_size
+    else:  # two batches; each vector step of a runner gives num_envs unrolls' steps
+        frames = 2 * probe.algo.unroll_length * max(probe.algo.batch_size, probe.env.num_envs)
     data["run"] = {
         "stop": {"env_frames": frames},
         "display": "none",
