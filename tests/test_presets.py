@@ -85,7 +85,7 @@ def test_user_values_win_python_yaml_and_overrides(tmp_path):
     assert spec.algo.lr == 0.003  # the rest from ppo/classic
     assert spec.origin(("algo", "batch_size")) == "user"
     assert spec.origin(("algo", "lr")) == "preset ppo/classic"
-    assert spec.origin(("algo", "gamma")) == "default"
+    assert spec.origin(("algo", "clip_coef")) == "default"
 
 
 def test_spec_show_says_where_each_value_came_from(tmp_path, capsys):
