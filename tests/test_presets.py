@@ -15,6 +15,7 @@ from rlfabric.envs import EnvConfig
 from rlfabric.errors import SpecError
 from rlfabric.platform import presets
 from rlfabric.platform.cli import main
+from rlfabric.platform.facade import TargetHit, stop_reason
 from rlfabric.platform.presets import load_file
 from rlfabric.platform.spec import ExperimentSpec
 
@@ -185,3 +186,27 @@ def test_every_shipped_preset_trains_under_every_architecture(
     }
     result = Platform(data).fit()
     assert result.metrics["updates"] >= 1, result.metrics
+
+
+def test_return_window_and_eval_stop():
+    with pytest.raises(SpecError, match=r"eval_return_mean=100\.0 needs periodic evaluations"):
+        ExperimentSpec.build({"run": {"stop": {"eval_return_mean": 100}}})
+    spec = ExperimentSpec.build(
+        {"run": {"return_window": 10, "eval_interval_s": 5, "stop": {"eval_return_mean": 100}}}
+    )
+    stop = spec.run.stop
+    assert stop_reason({"eval_return_mean": 99.0}, stop) == ""
+    assert stop_reason({"eval_return_mean": 100.0}, stop).startswith("eval_return_mean")
+    returns = ExperimentSpec.build({"run": {"stop": {"episode_return_mean": 50}}}).run.stop
+    early = {"episode_return_mean": 60.0, "episodes": 10}
+    assert stop_reason(early, returns, window=10) and not stop_reason(early, returns, window=100)
+    hit = TargetHit(50.0)
+    hit.observe({"episode_return_mean": 60.0, "episodes": 5, "env_frames": 1}, window=10)
+    hit.observe(
+        {"episode_return_mean": 60.0, "episodes": 10, "env_frames": 7, "wall_time_s": 2}, 10
+    )
+    hit.observe(
+        {"episode_return_mean": 70.0, "episodes": 20, "env_frames": 9, "wall_time_s": 3}, 10
+    )
+    assert (hit.env_frames, hit.wall_time_s) == (7, 2)
+    assert "first reached at 7 env frames" in hit.describe(20.0, 10)
