@@ -19,7 +19,11 @@ def test_defaults_and_shorthand():
     spec = ExperimentSpec.build({"arch": "seed", "algo": "vtrace", "env": "CartPole-v1"})
     assert spec.arch.name == "seed" and spec.algo.name == "vtrace"
     assert spec.env.id == "CartPole-v1"
-    assert isinstance(spec.algo, VTraceConfig) and spec.algo.unroll_length == 20
+    # Names only: the classic-control preset under SEED, not IMPALA's Atari unroll of 20.
+    assert isinstance(spec.algo, VTraceConfig) and spec.algo.unroll_length == 10
+    assert spec.preset == "vtrace/classic"
+    bare = ExperimentSpec.build({"arch": "seed", "algo": "vtrace", "preset": "none"})
+    assert bare.algo.unroll_length == 20 and bare.preset == "none"
 
 
 def test_platform_keyword_sections():

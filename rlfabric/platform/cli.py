@@ -61,9 +61,11 @@ def spec_reference() -> str:
             for name, cls in ARCHITECTURES.items():
                 lines.append(f" arch: {name}")
                 lines += describe_fields(cls.config_cls, "arch")
-        else:
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             lines.append(f" {section}: {info.description}")
             lines += describe_fields(info.annotation, section)
+        else:  # a top-level field (preset)
+            lines.append(f" {section} (default {info.default!r}): {info.description}")
     return "\n".join(lines)
 
 
@@ -124,7 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output folder (default: <logdir>/export)")
     spec_cmd = commands.add_parser("spec", help="inspect specs")
     spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
-    show = spec_sub.add_parser("show", help="print the fully resolved spec with defaults")
+    show = spec_sub.add_parser(
+        "show",
+        help="print the fully resolved spec, each value with where it came from "
+        "(user, preset <name>, default)",
+    )
     show.add_argument("spec", help="YAML experiment spec")
     show.add_argument("overrides", nargs="*", help="dotted overrides")
     return parser
@@ -237,7 +243,7 @@ def _export(args: argparse.Namespace) -> int:
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.platform.spec import ExperimentSpec
 
-    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_yaml(), end="")
+    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_annotated_yaml(), end="")
     return 0
 
 

@@ -46,6 +46,44 @@ class Result:
     logdir: str
     stop_reason: str = ""
     curve: str | None = None
+    target: TargetHit | None = None  # when the return target was first reached, if it was
+
+    @property
+    def final_return_mean(self) -> float | None:
+        """The training return mean over the last run.return_window episodes at the end."""
+        return self.metrics.get("episode_return_mean")
+
+
+@dataclass
+class TargetHit:
+    """The first time the training return mean reached its target (a full window).
+
+    A run that reaches its target and then falls back shows both numbers: the
+    first hit here and the final mean in `Result.final_return_mean`.
+    """
+
+    target: float | None  # stop.episode_return_mean, else the env's reward_threshold
+    env_frames: float | None = None
+    wall_time_s: float | None = None
+
+    def observe(self, metrics: dict[str, float], window: int) -> None:
+        mean = metrics.get("episode_return_mean")
+        if self.target is None or self.env_frames is not None or mean is None:
+            return
+        if mean >= self.target and metrics.get("episodes", 0) >= window:
+            self.env_frames = metrics.get("env_frames")
+            self.wall_time_s = metrics.get("wall_time_s")
+
+    def describe(self, final: float | None, window: int) -> str:
+        text = f"return:     {final:.2f} (last {window} episodes)" if final is not None else ""
+        if self.target is None:
+            return text
+        if self.env_frames is None:
+            return f"{text}; target {self.target} not reached"
+        return (
+            f"{text}; target {self.target} first reached at {self.env_frames:,.0f} env "
+            f"frames, {self.wall_time_s:.1f} s"
+        )
 
 
 def check_spec(spec: ExperimentSpec) -> EnvInfo:
@@ -144,9 +182,13 @@ class Platform:
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir = self._prepare_logdir()
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
-        reporter = Reporter(logdir, spec.run.display, title)
+        reporter = Reporter(logdir, spec.run.display, title, spec.run.return_window)
         run_log = _RunLog(logdir / "run.log")
         progress = _Progress()
+        target = stop.episode_return_mean
+        progress.target = TargetHit(
+            target if target is not None else self.env_info.reward_threshold
+        )
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = False
         arch: Architecture | None = None
@@ -170,14 +212,18 @@ class Platform:
                 if started_ray:
                     ray.shutdown()
                 curve = reporter.plot()
+                final = progress.metrics.get("episode_return_mean")
                 reporter.message(
                     f"stopped: {progress.reason}\n"
+                    f"{progress.target.describe(final, spec.run.return_window)}\n"
                     f"logs:       {logdir}\n"
                     f"checkpoint: {progress.checkpoint}\n"
                     f"curve:      {curve}"
                 )
         checkpoint = str(progress.checkpoint) if progress.checkpoint else None
-        return Result(progress.metrics, checkpoint, str(logdir), progress.reason, str(curve))
+        return Result(
+            progress.metrics, checkpoint, str(logdir), progress.reason, str(curve), progress.target
+        )
 
     def _train(
         self,
@@ -209,7 +255,8 @@ class Platform:
             reporter.log(metrics)
             # An interval without an update has no loss: keep the latest value of every key.
             progress.metrics.update(metrics)
-            progress.reason = stop_reason(metrics, stop)
+            progress.target.observe(metrics, self.spec.run.return_window)
+            progress.reason = stop_reason(metrics, stop, self.spec.run.return_window)
             if progress.reason:
                 return
             interval = self.spec.run.checkpoint_interval_s
@@ -256,6 +303,7 @@ class _Progress:
     metrics: dict[str, float] = field(default_factory=dict)  # latest value of every key
     reason: str = "interrupted"
     checkpoint: Path | None = None
+    target: TargetHit = field(default_factory=lambda: TargetHit(None))
 
 
 class _RunLog:
@@ -277,14 +325,21 @@ class _RunLog:
         self.handler.close()
 
 
-def stop_reason(metrics: dict[str, float], stop: StopConfig) -> str:
-    """The first stop condition the metrics meet, or ''."""
+def stop_reason(metrics: dict[str, float], stop: StopConfig, window: int = 100) -> str:
+    """The first stop condition the metrics meet, or ''.
+
+    The training return counts only once its window (`run.return_window` episodes)
+    is full, so that a few lucky first episodes do not end a run.
+    """
     if stop.env_frames is not None and metrics.get("env_frames", 0) >= stop.env_frames:
         return f"env_frames {metrics['env_frames']:,.0f} >= {stop.env_frames:,}"
     if stop.wall_time_s is not None and metrics.get("wall_time_s", 0) >= stop.wall_time_s:
         return f"wall_time_s {metrics['wall_time_s']:.1f} >= {stop.wall_time_s}"
     target = stop.episode_return_mean
     reached = metrics.get("episode_return_mean", -float("inf")) >= (target or 0.0)
-    if target is not None and reached and metrics.get("episodes", 0) >= 100:  # a full window
+    if target is not None and reached and metrics.get("episodes", 0) >= window:
         return f"episode_return_mean {metrics['episode_return_mean']:.2f} >= {target}"
+    target = stop.eval_return_mean
+    if target is not None and metrics.get("eval_return_mean", -float("inf")) >= target:
+        return f"eval_return_mean {metrics['eval_return_mean']:.2f} >= {target}"
     return ""

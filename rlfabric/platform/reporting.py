@@ -23,7 +23,8 @@ DISPLAY_ROWS = [
     ("env_frames", "env frames", "{:,.0f}"),
     ("agent_steps", "agent steps", "{:,.0f}"),
     ("env_frames_per_s", "env frames/s", "{:,.0f}"),
-    ("episode_return_mean", "return (100 ep)", "{:.2f}"),
+    ("episode_return_mean", "return ({window} ep)", "{:.2f}"),
+    ("eval_return_mean", "eval return", "{:.2f}"),
     ("episodes", "episodes", "{:,.0f}"),
     ("loss", "loss", "{:.4g}"),
     ("pg_loss", "policy loss", "{:.4g}"),
@@ -49,9 +50,11 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class Reporter:
     """Writes every record to the logdir's sinks and the chosen display."""
 
-    def __init__(self, logdir: Path, display: str, title: str) -> None:
+    def __init__(self, logdir: Path, display: str, title: str, return_window: int = 100) -> None:
         self.logdir = logdir
         self.title = title
+        self.rows = [(k, label.format(window=return_window), f) for k, label, f in DISPLAY_ROWS]
+        self.return_window = return_window
         self.records = read_records(logdir / "metrics.jsonl")  # a resumed run appends
         self._jsonl = open(logdir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when reporting
@@ -90,16 +93,15 @@ class Reporter:
         table = Table(title=self.title, show_header=False, min_width=48)
         table.add_column(style="cyan")
         table.add_column(justify="right")
-        for key, label, fmt in DISPLAY_ROWS:
+        for key, label, fmt in self.rows:
             if key in record:
                 table.add_row(label, fmt.format(record[key]))
         return table
 
-    @staticmethod
-    def _line(record: dict[str, Any]) -> str:
+    def _line(self, record: dict[str, Any]) -> str:
         parts = [
             f"{label}={fmt.format(record[key])}"
-            for key, label, fmt in DISPLAY_ROWS[:6]
+            for key, label, fmt in self.rows[:6]
             if key in record
         ]
         return " | ".join(parts)
@@ -118,7 +120,7 @@ class Reporter:
         if points:
             ax.plot(*zip(*points))
         ax.set_xlabel("env frames")
-        ax.set_ylabel("mean return (last 100 episodes)")
+        ax.set_ylabel(f"mean return (last {self.return_window} episodes)")
         ax.set_title(self.title)
         ax.grid(alpha=0.3)
         fig.tight_layout()

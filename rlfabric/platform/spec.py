@@ -9,6 +9,7 @@ paragraph that names the field, the value given and what is allowed.
 from __future__ import annotations
 
 import copy
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
     field_validator,
@@ -27,6 +29,8 @@ from rlfabric.architectures import ARCHITECTURES, ArchConfig
 from rlfabric.envs import EnvConfig
 from rlfabric.errors import SpecError
 from rlfabric.models import ModelConfig
+from rlfabric.platform import presets
+from rlfabric.platform.presets import Provenance
 from rlfabric.runtime.config import ResourcesConfig, RunConfig, StopConfig
 from rlfabric.sparse.config import SparseConfig
 
@@ -54,8 +58,18 @@ def _registered(value: Any, registry: dict[str, Any], what: str) -> BaseModel:
 
 
 class ExperimentSpec(_Section):
-    """Everything a run needs. Strings for env/arch/algo are shorthand for their name."""
+    """Everything a run needs. Strings for env/arch/algo are shorthand for their name.
 
+    Build it with `build` / `from_yaml` (the Python API and CLI do): they fill what the
+    user left out from the preset for the algorithm and env family before validating.
+    """
+
+    preset: str = Field(
+        presets.AUTO,
+        description="tuned settings under the user's own values: 'auto' (by algo and env "
+        "family), 'none' (the algorithm's paper defaults), a family name ('classic') or "
+        "'<algo>/<family>'; a resolved spec names the preset it used",
+    )
     env: EnvConfig = Field(default_factory=EnvConfig, description="environment")
     arch: SerializeAsAny[ArchConfig] = Field(
         default_factory=lambda: ARCHITECTURES["seed"].config_cls(),
@@ -68,6 +82,7 @@ class ExperimentSpec(_Section):
     sparse: SparseConfig = Field(default_factory=SparseConfig, description="sparse training")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="resources")
     run: RunConfig = Field(default_factory=RunConfig, description="run bookkeeping")
+    _provenance: Provenance | None = PrivateAttr(None)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -89,11 +104,20 @@ class ExperimentSpec(_Section):
     @classmethod
     def build(cls, data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentSpec:
         """Validate a raw mapping after applying dotted overrides; raise SpecError."""
-        data = apply_overrides(data, overrides or [])
+        data = presets.normalize(apply_overrides(data, overrides or []))
+        preset = _find_preset(data)
+        merged = copy.deepcopy(data)
+        if preset:
+            # The preset's algo/arch fields belong to the names the spec chose.
+            chosen = {k: {"name": v} for k, v in presets.names(data).items() if k != "env"}
+            presets.fill(merged, presets.fill(preset.merged(), chosen))
+        merged["preset"] = preset.name if preset else presets.NONE
         try:
-            return cls.model_validate(data)
+            spec = cls.model_validate(merged)
         except ValidationError as err:
-            raise SpecError(format_validation_error(err, data)) from None
+            raise SpecError(format_validation_error(err, merged)) from None
+        spec._provenance = Provenance(data, preset)
+        return spec
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
@@ -110,11 +134,31 @@ class ExperimentSpec(_Section):
             )
         return cls.build(data, overrides)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal specs, whatever their provenance."""
+        if not isinstance(other, ExperimentSpec):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any pydantic model
+
+    def origin(self, path: tuple[str, ...]) -> str:
+        """Where the value at `path` came from: 'user', 'preset <name>' or 'default'."""
+        return self._provenance.origin(path) if self._provenance else "user"
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def to_annotated_yaml(self) -> str:
+        """The resolved spec as YAML, each value followed by where it came from."""
+        header = [f"# preset {self.preset}"]
+        if self._provenance and self._provenance.preset:
+            source = textwrap.wrap(f"source: {self._provenance.preset.source}", 88)
+            header += [f"#   {line}" for line in source]
+        return "\n".join([*header, *_annotate(self.to_dict(), (), self.origin)]) + "\n"
 
     def stop_conditions(self, reward_threshold: float | None) -> StopConfig:
         """The stop conditions in force: the spec's, or the defaults if it names none."""
@@ -122,6 +166,56 @@ class ExperimentSpec(_Section):
         if any(v is not None for v in stop.model_dump().values()):
             return stop
         return StopConfig(env_frames=DEFAULT_ENV_FRAMES, episode_return_mean=reward_threshold)
+
+
+def _annotate(node: dict[str, Any], path: tuple[str, ...], origin: Any) -> list[str]:
+    """YAML lines of a mapping, a `# origin` comment after every leaf value."""
+    lines = []
+    indent = "  " * len(path)
+    for key, value in node.items():
+        here = (*path, key)
+        if isinstance(value, dict) and value:
+            lines.append(f"{indent}{key}:")
+            lines += _annotate(value, here, origin)
+            continue
+        text = yaml.safe_dump({key: value}, default_flow_style=True, width=1_000)
+        text = text.strip().removeprefix("{").removesuffix("}")
+        lines.append(f"{indent}{text}  # {origin(here)}")
+    return lines
+
+
+def _find_preset(data: dict[str, Any]) -> presets.Preset | None:
+    """The preset a normalized raw spec asks for, checked against its algo and arch.
+
+    A preset naming a field the chosen algorithm (or architecture) does not have
+    is a spec error naming the preset, raised before anything starts.
+    """
+    chosen = presets.names(data)
+    name = data.get("preset", presets.AUTO)
+    if not isinstance(name, str):
+        raise SpecError(f"preset: must be a name (given: {name!r})")
+    try:
+        env = EnvConfig.model_validate(data.get("env") or {})
+    except ValidationError:
+        return None  # the whole spec's validation names the env's error
+    try:
+        preset = presets.find_preset(name, chosen["algo"], chosen["arch"], env)
+    except ValueError as err:
+        raise SpecError(f"preset: {err}") from None
+    if preset is None:
+        return None
+    probe = presets.fill(
+        {"algo": {"name": chosen["algo"]}, "arch": {"name": chosen["arch"]}}, preset.merged()
+    )
+    try:
+        ExperimentSpec.model_validate(probe)
+    except ValidationError as err:
+        detail = format_validation_error(err, probe).removeprefix("invalid spec: ")
+        raise SpecError(
+            f"preset {preset.name!r} does not fit algo '{chosen['algo']}' / arch "
+            f"'{chosen['arch']}': {detail}"
+        ) from None
+    return preset
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

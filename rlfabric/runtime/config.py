@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlfabric.algorithms import AlgoConfig
 from rlfabric.envs import EnvConfig
@@ -105,7 +105,14 @@ class StopConfig(_Section):
 
     env_frames: int | None = Field(None, gt=0, description="emulator frames (steps x frameskip)")
     wall_time_s: float | None = Field(None, gt=0, description="seconds since the run started")
-    episode_return_mean: float | None = Field(None, description="100-episode mean return to reach")
+    episode_return_mean: float | None = Field(
+        None, description="mean return over the last run.return_window episodes to reach"
+    )
+    eval_return_mean: float | None = Field(
+        None,
+        description="mean return of a periodic greedy evaluation to reach (needs "
+        "run.eval_interval_s)",
+    )
 
 
 class RunConfig(_Section):
@@ -114,6 +121,12 @@ class RunConfig(_Section):
     name: str | None = Field(None, description="run name; null: <env>_<arch>_<algo>_<time>")
     seed: int = Field(0, ge=0, description="seed of envs, model init and action sampling")
     stop: StopConfig = Field(default_factory=StopConfig, description="stop conditions")
+    return_window: int = Field(
+        100,
+        ge=1,
+        description="episodes in the training return mean (display, metrics, "
+        "stop.episode_return_mean); 100 as SB3's ep_rew_mean and gymnasium's thresholds",
+    )
     logdir: str = Field("runs", description="parent folder of the run's logdir")
     report_interval_s: float = Field(1.0, gt=0, description="seconds per metrics record")
     checkpoint_interval_s: float = Field(
@@ -142,6 +155,15 @@ class RunConfig(_Section):
     display: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
     )
+
+    @model_validator(mode="after")
+    def _eval_stop_needs_evaluations(self) -> RunConfig:
+        if self.stop.eval_return_mean is not None and self.eval_interval_s is None:
+            raise ValueError(
+                f"stop.eval_return_mean={self.stop.eval_return_mean} needs periodic "
+                "evaluations: set run.eval_interval_s (seconds between them)"
+            )
+        return self
 
 
 class LearningSpec(Protocol):

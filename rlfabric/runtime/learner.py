@@ -2,7 +2,7 @@
 
 One Learner lives in whichever process trains (the SEED learner actor, the
 local architecture's only process). It counts env frames and agent steps from
-the steps it is told about, keeps the 100-episode return window, runs updates
+the steps it is told about, keeps the return window (run.return_window episodes), runs updates
 and produces checkpoint state. Frames and agent steps are counted separately:
 env_frames = agent_steps x frameskip (Atari's action repeat).
 """
@@ -124,8 +124,8 @@ class Learner:
         self.frameskip = env_info.frameskip
         self.frame_budget = frame_budget
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.returns: deque[float] = deque(maxlen=100)
-        self.lengths: deque[int] = deque(maxlen=100)
+        self.returns: deque[float] = deque(maxlen=spec.run.return_window)
+        self.lengths: deque[int] = deque(maxlen=spec.run.return_window)
         self.stats = IntervalStats()
         self.max_nonfinite_updates = spec.run.max_nonfinite_updates
         # Set by a group of data-parallel learners: (batch, run progress) -> (this learner's

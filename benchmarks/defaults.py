@@ -1,0 +1,165 @@
+"""Names-only runs must learn: every (env, arch, algo) with nothing but its names.
+
+Each run is `Platform(env=..., arch=..., algo=...)` plus only the stop conditions
+and the seed, so every other value comes from the preset for the pair (or the
+algorithm's defaults). Wall time includes Ray's start. Each row is the median
+over --seeds seeds; a row misses when the median run misses the return target
+within the budget (a run that never reaches it counts as infinitely slow), or its
+median wall time is over the row's limit. The whole table prints at the end, and
+the exit status is 1 if a row missed.
+
+    python benchmarks/defaults.py                                  # the whole matrix
+    python benchmarks/defaults.py --envs CartPole-v1 --archs seed --algos vtrace --seeds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rlfabric import Platform
+from rlfabric.architectures import ARCHITECTURES
+
+
+@dataclass(frozen=True)
+class Target:
+    """What names-only runs of one env must reach, and within what."""
+
+    algos: tuple[str, ...]
+    archs: tuple[str, ...]
+    return_mean: float
+    window: int  # episodes in the mean (run.return_window)
+    env_frames: int  # budget
+    wall_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (arch, algo) -> limit
+
+
+#: Issue 10's acceptance matrix.
+TARGETS = {
+    "CartPole-v1": Target(
+        algos=("vtrace", "a3c", "ppo"),
+        archs=tuple(ARCHITECTURES),
+        return_mean=475.0,
+        window=100,
+        env_frames=1_000_000,
+        wall_s={("seed", "vtrace"): 20.0},
+    ),
+    # frameskip 1: env frames are agent steps.
+    "Pendulum-v1": Target(
+        algos=("sac", "td3"),
+        archs=("seed", "impala", "ga3c", "local"),
+        return_mean=-200.0,
+        window=10,
+        env_frames=15_000,
+    ),
+}
+
+
+@dataclass
+class Run:
+    frames: float  # env frames when the target was first reached; inf if never
+    wall_s: float  # Ray start included
+    final_return: float
+    preset: str
+
+
+def run_one(env: str, arch: str, algo: str, target: Target, seed: int, logdir: str) -> Run:
+    start = time.perf_counter()
+    platform = Platform(
+        env=env,
+        arch=arch,
+        algo=algo,
+        run={
+            "seed": seed,
+            "return_window": target.window,
+            "stop": {"episode_return_mean": target.return_mean, "env_frames": target.env_frames},
+            "display": "none",
+            "checkpoint_interval_s": 0,
+            "logdir": logdir,
+        },
+    )
+    result = platform.fit()
+    wall = time.perf_counter() - start
+    hit = result.target.env_frames if result.target else None
+    final = result.final_return_mean
+    return Run(
+        frames=float(hit) if hit is not None else float("inf"),
+        wall_s=wall,
+        final_return=final if final is not None else float("nan"),
+        preset=platform.spec.preset,
+    )
+
+
+def row(env: str, arch: str, algo: str, target: Target, runs: list[Run]) -> dict:
+    frames = statistics.median(r.frames for r in runs)
+    wall = statistics.median(r.wall_s for r in runs)
+    limit = target.wall_s.get((arch, algo))
+    ok = frames <= target.env_frames and (limit is None or wall <= limit)
+    return {
+        "env": env,
+        "arch": arch,
+        "algo": algo,
+        "preset": runs[0].preset,
+        "reached": f"{sum(r.frames < float('inf') for r in runs)}/{len(runs)}",
+        "frames": frames,
+        "wall_s": wall,
+        "limit": limit,
+        "final": statistics.median(r.final_return for r in runs),
+        "target": target.return_mean,
+        "ok": ok,
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (
+        f"{'env':<12} {'arch':<7} {'algo':<7} {'preset':<15} {'reached':>7} "
+        f"{'frames to target':>16} {'wall s':>7} {'final':>8} {'target':>7}  ok"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        frames = "missed" if r["frames"] == float("inf") else f"{r['frames']:,.0f}"
+        wall = f"{r['wall_s']:.1f}" + (f"/{r['limit']:.0f}" if r["limit"] else "")
+        lines.append(
+            f"{r['env']:<12} {r['arch']:<7} {r['algo']:<7} {r['preset']:<15} "
+            f"{r['reached']:>7} {frames:>16} {wall:>7} {r['final']:>8.1f} "
+            f"{r['target']:>7.0f}  {'yes' if r['ok'] else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", default=",".join(TARGETS), help="comma-separated env ids")
+    parser.add_argument("--archs", help="comma-separated subset (default: each env's)")
+    parser.add_argument("--algos", help="comma-separated subset (default: each env's)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
+    parser.add_argument("--logdir", default="runs/defaults")
+    args = parser.parse_args()
+    rows = []
+    for env in args.envs.split(","):
+        target = TARGETS[env]
+        archs = [a for a in target.archs if not args.archs or a in args.archs.split(",")]
+        algos = [a for a in target.algos if not args.algos or a in args.algos.split(",")]
+        for algo in algos:
+            for arch in archs:
+                runs = []
+                for seed in range(args.seeds):
+                    runs.append(run_one(env, arch, algo, target, seed, args.logdir))
+                    r = runs[-1]
+                    print(
+                        f"{env} {arch} {algo} seed {seed}: frames to target {r.frames:,.0f}, "
+                        f"{r.wall_s:.1f} s, final {r.final_return:.1f} ({r.preset})",
+                        flush=True,
+                    )
+                rows.append(row(env, arch, algo, target, runs))
+    print()
+    print(format_table(rows))
+    missed = [r for r in rows if not r["ok"]]
+    print(f"\n{len(rows) - len(missed)}/{len(rows)} rows reached their targets")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

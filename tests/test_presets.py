@@ -1,0 +1,212 @@
+"""Presets: chosen by algorithm and env family, applied under the user's own values."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+from gymnasium.envs.classic_control import CartPoleEnv
+
+from rlfabric import Platform
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.architectures import ARCHITECTURES
+from rlfabric.envs import EnvConfig
+from rlfabric.errors import SpecError
+from rlfabric.platform import presets
+from rlfabric.platform.cli import main
+from rlfabric.platform.facade import TargetHit, stop_reason
+from rlfabric.platform.presets import load_file
+from rlfabric.platform.spec import ExperimentSpec
+
+
+class _TinyPixels(gym.Env):
+    """An env outside every known family, with image observations."""
+
+    observation_space = gym.spaces.Box(0, 255, (3, 16, 16), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+gym.register("TestFlatOther-v0", entry_point=CartPoleEnv, max_episode_steps=50)
+gym.register("TestPixelsOther-v0", entry_point=_TinyPixels, max_episode_steps=50)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "family"),
+    [
+        ("CartPole-v1", "classic"),
+        ("MountainCarContinuous-v0", "classic"),
+        ("ALE/Pong-v5", "atari"),
+        ("HalfCheetah-v5", "mujoco"),
+        ("TestFlatOther-v0", "vector"),
+        ("TestPixelsOther-v0", "pixels"),
+    ],
+)
+def test_family_detection(env_id, family):
+    assert presets.family_of(EnvConfig(id=env_id)) == family
+
+
+def test_names_only_get_the_family_preset():
+    spec = ExperimentSpec.build({"arch": "seed", "algo": "vtrace"})
+    assert spec.env.id == "CartPole-v1" and spec.preset == "vtrace/classic"
+    assert (spec.algo.optimizer, spec.algo.batch_size) == ("adam", 4)  # the seed block
+    assert ExperimentSpec.build({"arch": "impala", "algo": "vtrace"}).algo.batch_size == 16
+    sac = ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1"})
+    assert (sac.env.num_envs, sac.algo.warmup_steps, sac.preset) == (2, 1000, "sac/classic")
+    # No preset for the pair (SAC on Atari would not validate anyway): paper defaults.
+    assert ExperimentSpec.build({"algo": "vtrace", "env": "ALE/Pong-v5"}).algo.lr == 6e-4
+
+
+def test_preset_none_gives_the_paper_defaults():
+    spec = ExperimentSpec.build({"algo": "vtrace", "preset": "none"})
+    assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop", 6e-4, 20)
+    assert spec.env.num_envs == 64 and spec.preset == "none"
+    assert (
+        ExperimentSpec.build(
+            {"algo": "sac", "env": "Pendulum-v1", "preset": "none"}
+        ).algo.warmup_steps
+        == 5000
+    )
+
+
+def test_user_values_win_python_yaml_and_overrides(tmp_path):
+    platform = Platform(arch="seed", algo={"name": "vtrace", "lr": 1e-3}, env="CartPole-v1")
+    assert platform.spec.algo.lr == 1e-3 and platform.spec.algo.batch_size == 4
+    path = tmp_path / "spec.yaml"
+    path.write_text("algo: {name: ppo, unroll_length: 7}\nenv: {num_envs: 8}\n")
+    spec = ExperimentSpec.from_yaml(path, ["algo.batch_size=5"])
+    assert (spec.algo.unroll_length, spec.env.num_envs, spec.algo.batch_size) == (7, 8, 5)
+    assert spec.algo.lr == 0.003  # the rest from ppo/classic
+    assert spec.origin(("algo", "batch_size")) == "user"
+    assert spec.origin(("algo", "lr")) == "preset ppo/classic"
+    assert spec.origin(("algo", "clip_coef")) == "default"
+
+
+def test_spec_show_says_where_each_value_came_from(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text("arch: ga3c\nalgo: ppo\n")
+    assert main(["spec", "show", str(path), "algo.lr=0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.01  # user" in out
+    assert "batch_size: 32  # preset ppo/classic (ga3c)" in out
+    assert "max_env_runners: 2  # preset ppo/classic (ga3c)" in out
+    assert "unroll_length: 16  # preset ppo/classic" in out
+    assert "clip_coef: 0.2  # default" in out
+    assert "name: ga3c  # user" in out
+    assert yaml.safe_load(out)["algo"]["lr"] == 0.01  # still YAML
+
+
+def test_resolved_spec_reproduces_the_run(tmp_path):
+    spec = ExperimentSpec.build({"arch": "seed", "algo": "vtrace"}, ["algo.lr=0.002"])
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec.to_yaml())
+    again = ExperimentSpec.from_yaml(path)
+    assert again == spec and again.preset == "vtrace/classic"
+    # A value the first run resolved is never replaced by the preset on resume.
+    data = yaml.safe_load(path.read_text())
+    data["algo"]["batch_size"] = 99
+    assert ExperimentSpec.build(data).algo.batch_size == 99
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"preset": "fancy"}, ["unknown preset 'fancy'", "vtrace/classic"]),
+        ({"algo": "sac", "env": "Pendulum-v1", "preset": "atari"}, ["unknown preset 'atari'"]),
+        ({"algo": "a3c", "preset": "ppo/mujoco"}, ["ppo/mujoco", "algo.epochs: unknown field"]),
+        ({"preset": 3}, ["preset: must be a name"]),
+    ],
+)
+def test_bad_preset_is_a_spec_error(data, expected):
+    with pytest.raises(SpecError) as err:
+        ExperimentSpec.build(data)
+    for text in expected:
+        assert text in str(err.value)
+
+
+def _shipped() -> list[tuple[str, str]]:
+    return [tuple(name.split("/")) for name in presets.preset_names()]
+
+
+@pytest.mark.parametrize(("algo", "family"), _shipped())
+def test_every_shipped_preset_validates(algo, family):
+    assert algo in ALGORITHMS
+    for arch in ARCHITECTURES:
+        spec = ExperimentSpec.build({"algo": algo, "arch": arch, "preset": f"{algo}/{family}"})
+        assert spec.preset == f"{algo}/{family}" and spec.algo.name == algo
+
+
+def _distinct_runs() -> list:
+    """(preset, algo, arch) with distinct resolved settings (vector is classic's alias).
+
+    The default suite runs every preset under `local` (about a second each) and the
+    presets with per-architecture blocks under every architecture; the rest under
+    Ray (about 10 s a run on 2 cores, settings as under `local`) are marked slow.
+    """
+    seen, runs = set(), []
+    for algo, family in _shipped():
+        for arch in ARCHITECTURES:
+            preset = presets.find_preset(f"{algo}/{family}", algo, arch, EnvConfig())
+            key = (algo, arch, yaml.safe_dump(preset.merged()))
+            if key in seen:
+                continue
+            seen.add(key)
+            per_arch = load_file(algo)[family].get("per_arch")
+            fast = arch == "local" or bool(per_arch)
+            marks = () if fast else (pytest.mark.slow,)
+            runs.append(pytest.param(f"{algo}/{family}", algo, arch, marks=marks))
+    return runs
+
+
+@pytest.mark.parametrize(("preset", "algo", "arch"), _distinct_runs())
+def test_every_shipped_preset_trains_under_every_architecture(
+    ray_session, tmp_path, preset, algo, arch
+):
+    """A few updates on a cheap env of the right action space (the settings are under test)."""
+    replay = ALGORITHMS[algo].data == "replay"
+    data = {"algo": algo, "arch": arch, "preset": preset}
+    data["env"] = "Pendulum-v1" if replay else "CartPole-v1"
+    probe = ExperimentSpec.build(data)
+    if replay:  # the warm-up, then a few updates
+        frames = probe.algo.warmup_steps + 64 * probe.env.num_envs
+    else:  # two batches; each vector step of a runner gives num_envs unrolls' steps
+        frames = 2 * probe.algo.unroll_length * max(probe.algo.batch_size, probe.env.num_envs)
+    data["run"] = {
+        "stop": {"env_frames": frames},
+        "display": "none",
+        "logdir": str(tmp_path),
+        "checkpoint_interval_s": 0,
+    }
+    result = Platform(data).fit()
+    assert result.metrics["updates"] >= 1, result.metrics
+
+
+def test_return_window_and_eval_stop():
+    with pytest.raises(SpecError, match=r"eval_return_mean=100\.0 needs periodic evaluations"):
+        ExperimentSpec.build({"run": {"stop": {"eval_return_mean": 100}}})
+    spec = ExperimentSpec.build(
+        {"run": {"return_window": 10, "eval_interval_s": 5, "stop": {"eval_return_mean": 100}}}
+    )
+    stop = spec.run.stop
+    assert stop_reason({"eval_return_mean": 99.0}, stop) == ""
+    assert stop_reason({"eval_return_mean": 100.0}, stop).startswith("eval_return_mean")
+    returns = ExperimentSpec.build({"run": {"stop": {"episode_return_mean": 50}}}).run.stop
+    early = {"episode_return_mean": 60.0, "episodes": 10}
+    assert stop_reason(early, returns, window=10) and not stop_reason(early, returns, window=100)
+    hit = TargetHit(50.0)
+    hit.observe({"episode_return_mean": 60.0, "episodes": 5, "env_frames": 1}, window=10)
+    hit.observe(
+        {"episode_return_mean": 60.0, "episodes": 10, "env_frames": 7, "wall_time_s": 2}, 10
+    )
+    hit.observe(
+        {"episode_return_mean": 70.0, "episodes": 20, "env_frames": 9, "wall_time_s": 3}, 10
+    )
+    assert (hit.env_frames, hit.wall_time_s) == (7, 2)
+    assert "first reached at 7 env frames" in hit.describe(20.0, 10)
