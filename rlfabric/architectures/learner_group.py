@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlfabric.architectures.runner_pool import learner_cpus
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.data_parallel import LearnerWorker
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 def learner_bundles(spec: LearningSpec, gpus: float) -> PlacementGroup:
     """One PACK placement group for all learners: learner 0 takes bundle 0."""
     res = spec.resources
-    bundle: dict[str, float] = {"CPU": res.learner_cpus}
+    bundle: dict[str, float] = {"CPU": learner_cpus(spec)}
     if gpus:
         bundle["GPU"] = gpus
     group = placement_group([dict(bundle) for _ in range(res.num_learners)], strategy="PACK")
@@ -52,7 +53,9 @@ def start_workers(
     res = spec.resources
     workers = [
         ray.remote(LearnerWorker)
-        .options(num_cpus=res.learner_cpus, num_gpus=gpus, scheduling_strategy=in_bundle(group, i))
+        .options(
+            num_cpus=learner_cpus(spec), num_gpus=gpus, scheduling_strategy=in_bundle(group, i)
+        )
         .remote(spec, env_info, frame_budget)
         for i in range(1, res.num_learners)
     ]

@@ -19,6 +19,7 @@ from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.base import TopologySpec
 from rlfabric.envs import EnvInfo
 from rlfabric.errors import RLFabricError
+from rlfabric.runtime.config import LearningSpec
 from rlfabric.runtime.env_runner import EnvRunner
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,72 @@ class RayEnvRunner(EnvRunner):
         """The runner's process id (for fault-injection tests and debugging)."""
         return os.getpid()
 
+    def ready(self) -> bool:
+        """Answers once the constructor (the envs included) has finished."""
+        return True
+
     def usage(self) -> tuple[float, str]:
         """CPU time of this runner's process and its node (served by a second actor thread)."""
         return time.process_time(), ray.get_runtime_context().get_node_id()
 
 
+def learner_cpus(spec: LearningSpec) -> float:
+    """CPUs per learner: the spec's, or one unless the cluster is too small for each
+    learner and each starting env runner to have one; then an equal share of them all,
+    so that `num_learners: 2` on a 2-core laptop leaves room for its runners."""
+    res = spec.resources
+    if res.learner_cpus is not None:
+        return res.learner_cpus
+    total = ray.cluster_resources().get("CPU", 1.0)
+    return round(min(1.0, total / (res.num_learners + res.num_env_runners)), 3)
+
+
 def runner_cpus(spec: TopologySpec) -> float:
-    """CPUs per env runner: the spec's, or an equal share of what the learner leaves."""
+    """CPUs per env runner: the spec's, or an equal share of what the learners leave."""
     res = spec.resources
     if res.cpus_per_env_runner is not None:
         return res.cpus_per_env_runner
     total = ray.cluster_resources().get("CPU", 1.0)
-    return round(max(0.05, min(1.0, (total - res.learner_cpus) / max_runners(spec))), 3)
+    left = total - res.num_learners * learner_cpus(spec)
+    return round(max(0.05, min(1.0, left / max_runners(spec))), 3)
+
+
+def check_fits(role: str, asks: dict[str, float]) -> None:
+    """Fail at once for an actor that asks for more than any node has: Ray would keep it
+    pending forever."""
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    if not any(all(node.get(k, 0.0) >= v for k, v in asks.items()) for node in nodes):
+        largest = max(nodes, key=lambda node: node.get("CPU", 0.0), default={})
+        raise RLFabricError(
+            f"each {role} actor asks for {asks}, more than any node of the cluster has (the "
+            f"largest: {_cpus_and_gpus(largest)}). Lower resources.learner_cpus / "
+            "cpus_per_env_runner / num_gpus_per_learner, or add larger nodes"
+        )
+
+
+def wait_until_started(
+    actors: list[Any], role: str, asks: dict[str, float], timeout_s: float
+) -> None:
+    """Fail naming the resources asked for and free rather than wait forever for actors
+    that cannot be placed now; raise an actor's own error if its constructor failed.
+
+    Every actor must offer `ready()`, which answers once its constructor has run.
+    """
+    refs = [actor.ready.remote() for actor in actors]
+    ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if waiting:
+        raise RLFabricError(
+            f"{len(waiting)} of {len(refs)} {role} actor(s) did not start within "
+            f"{timeout_s:g} s (run.start_timeout_s); each asks for {asks}, the cluster has "
+            f"{_cpus_and_gpus(ray.cluster_resources())} with "
+            f"{_cpus_and_gpus(ray.available_resources())} free. Lower resources.learner_cpus "
+            "/ cpus_per_env_runner / num_gpus_per_learner, or add nodes"
+        )
+    ray.get(ready)
+
+
+def _cpus_and_gpus(resources: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in resources.items() if k in ("CPU", "GPU")}
 
 
 def max_runners(spec: TopologySpec) -> int:
@@ -79,13 +134,21 @@ class RunnerPool:
         self.restarts = 0
         # Two threads: `run` loops in one, the driver's `usage` calls use the other. SPREAD
         # puts runners on as many nodes of a cluster as have room: env stepping scales out.
+        cpus = runner_cpus(spec)
         self._cls = ray.remote(runner_cls).options(
-            num_cpus=runner_cpus(spec), max_concurrency=2, scheduling_strategy="SPREAD"
+            num_cpus=cpus, max_concurrency=2, scheduling_strategy="SPREAD"
         )
         self.runners: dict[int, Any] = {}
         self.loops: dict[int, ray.ObjectRef] = {}
         for index in range(spec.resources.num_env_runners):
             self._launch(index)
+        try:
+            wait_until_started(
+                list(self.runners.values()), "env runner", {"CPU": cpus}, spec.run.start_timeout_s
+            )
+        except Exception:
+            self.stop(wait_s=0)  # the architecture holds no pool yet to stop
+            raise
 
     def _launch(self, index: int) -> None:
         seed = self.seed + 7919 * self.restarts  # a restarted runner sees new episodes
@@ -121,7 +184,16 @@ class RunnerPool:
 
     def usage(self) -> tuple[float, int]:
         """CPU seconds the live runners' processes used so far, and how many nodes hold them."""
-        usage = ray.get([r.usage.remote() for r in self.runners.values()])
+        refs = [r.usage.remote() for r in self.runners.values()]
+        # Answered by a second actor thread, so only a runner that is dying (or starting)
+        # is late: leave it out of this interval's figures rather than wait for it.
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        usage = []
+        for ref in done:
+            try:
+                usage.append(ray.get(ref))
+            except ray.exceptions.RayError:  # died since check(): the next check replaces it
+                continue
         return float(sum(cpu for cpu, _ in usage)), len({node for _, node in usage})
 
     def resize(self, size: int) -> None:
@@ -132,8 +204,8 @@ class RunnerPool:
             ray.kill(self.runners.pop(index), no_restart=True)
             del self.loops[index]
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 10.0) -> None:
         """Wait briefly for the loops (the learner has told them to stop), then kill."""
-        ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=10)
+        ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=wait_s)
         for actor in self.runners.values():
             ray.kill(actor, no_restart=True)

@@ -31,7 +31,12 @@ class ResourcesConfig(_Section):
         gt=0,
         description="CPUs Ray reserves per env runner; null: share what the learner leaves free",
     )
-    learner_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for the learner")
+    learner_cpus: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs Ray reserves per learner; null: one, or an equal share with the "
+        "env runners where the cluster has fewer CPUs than learners plus runners",
+    )
     num_learners: int = Field(
         1,
         ge=1,
@@ -95,6 +100,12 @@ class RunConfig(_Section):
         "(eval_return_mean/std in the metrics; the driver plays them); null: none",
     )
     eval_episodes: int = Field(10, ge=1, description="episodes per evaluation, one per env")
+    start_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="longest wait for an actor to be placed and built before the run fails "
+        "naming the resources asked for and free",
+    )
     max_nonfinite_updates: int = Field(
         10,
         ge=1,
