@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlfabric.architectures.runner_pool import learner_cpus
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.data_parallel import LearnerWorker
+from rlfabric.runtime.faults import call
 
 if TYPE_CHECKING:
     from rlfabric.runtime.config import LearningSpec
@@ -52,19 +53,23 @@ def start_workers(
     """Create learners 1..N-1 in their bundles and form the process group with learner 0."""
     res = spec.resources
     workers = [
-        ray.remote(LearnerWorker)
+        ray.remote(concurrency_groups={"watch": 1})(LearnerWorker)  # `watch` beside the updates
         .options(
-            num_cpus=learner_cpus(spec), num_gpus=gpus, scheduling_strategy=in_bundle(group, i)
+            num_cpus=learner_cpus(spec),
+            num_gpus=gpus,
+            scheduling_strategy=in_bundle(group, i),
         )
         .remote(spec, env_info, frame_budget)
         for i in range(1, res.num_learners)
     ]
-    address = ray.get(learner0.group_address.remote())
+    timeout_s = spec.run.start_timeout_s
+    address = call(learner0.group_address.remote(), "the learner", timeout_s)
     state = learner0.algorithm_state.remote()  # one object store copy for every worker
-    ray.get(
-        [learner0.join_learners.remote(address, workers)]
-        + [w.join.remote(address, i + 1, res.num_learners, state) for i, w in enumerate(workers)]
-    )
+    joins = [learner0.join_learners.remote(address, workers)] + [
+        w.join.remote(address, i + 1, res.num_learners, state) for i, w in enumerate(workers)
+    ]  # all at once: each waits in the rendezvous for the others
+    for i, ref in enumerate(joins):
+        call(ref, "the learner" if i == 0 else f"data-parallel learner {i}", timeout_s)
     return workers
 
 

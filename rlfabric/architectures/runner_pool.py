@@ -14,13 +14,15 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import RayActorError, RayTaskError
 
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures.base import TopologySpec
-from rlfabric.envs import EnvInfo
-from rlfabric.errors import RLFabricError
+from rlfabric.envs import EnvInfo, ensure_registered
+from rlfabric.errors import ActorError, RLFabricError
 from rlfabric.runtime.config import LearningSpec
 from rlfabric.runtime.env_runner import EnvRunner
+from rlfabric.runtime.faults import call, exception_line, name_actor_error
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ class RayEnvRunner(EnvRunner):
 
     def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
         torch.set_num_threads(spec.resources.torch_threads)
+        ensure_registered(env_info)  # an env the user registered in the driver
         super().__init__(spec.env, index, seed, num_groups=spec.arch.env_groups)
         self.spec = spec
         self.env_info = env_info
@@ -94,7 +97,7 @@ def wait_until_started(
     Every actor must offer `ready()`, which answers once its constructor has run.
     """
     refs = [actor.ready.remote() for actor in actors]
-    ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if waiting:
         raise RLFabricError(
             f"{len(waiting)} of {len(refs)} {role} actor(s) did not start within "
@@ -103,7 +106,8 @@ def wait_until_started(
             f"{_cpus_and_gpus(ray.available_resources())} free. Lower resources.learner_cpus "
             "/ cpus_per_env_runner / num_gpus_per_learner, or add nodes"
         )
-    ray.get(ready)
+    for actor_index, ref in enumerate(refs):  # a constructor's error (an env that cannot be made)
+        call(ref, role if len(refs) == 1 else f"{role} {actor_index}")
 
 
 def _cpus_and_gpus(resources: dict[str, float]) -> dict[str, float]:
@@ -132,6 +136,8 @@ class RunnerPool:
         self.learner = learner
         self.seed = seed
         self.restarts = 0
+        self._last: str | None = None  # the last failure's exception, for repeats in a row
+        self._same = 0
         # Two threads: `run` loops in one, the driver's `usage` calls use the other. SPREAD
         # puts runners on as many nodes of a cluster as have room: env stepping scales out.
         cpus = runner_cpus(spec)
@@ -157,26 +163,54 @@ class RunnerPool:
         self.loops[index] = runner.run.remote(self.learner)
 
     def check(self) -> None:
-        """Replace runners whose loop ended with an error (a crash or an env exception)."""
+        """Replace runners whose loop ended with an error (a crash or an env exception).
+
+        A learner failure that reached a runner's call ends the run with the
+        learner's own error: restarting runners cannot mend it. So does an env that
+        raises the same exception `max_identical_runner_failures` times in a row.
+        """
         done, _ = ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=0)
         for index, ref in list(self.loops.items()):
             if ref not in done:
                 continue
+            name = f"env runner {index}"
             try:
                 ray.get(ref)
-                reason = "its loop returned"
-            except Exception as err:  # RayActorError, or RayTaskError from the env
-                reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                reason, key, error = f"{name}'s loop returned", None, None
+            except (RayTaskError, RayActorError) as err:
+                error = name_actor_error(err, name)
+                if error.actor != name:
+                    raise error from None
+                # What the env raised, whichever runner: a death (a kill) breaks the row.
+                key = exception_line(err.cause) if isinstance(err, RayTaskError) else None
+                reason = str(error)
+            self._count_identical(key, error)
             self.restarts += 1
             limit = self.spec.arch.max_runner_restarts
             if self.restarts > limit:
                 raise RLFabricError(
-                    f"env runner {index} failed ({reason}) after {self.restarts - 1} runner "
-                    f"restarts; arch.max_runner_restarts={limit}"
+                    f"{reason}; that was the runners' failure {self.restarts} (arch."
+                    f"max_runner_restarts={limit})"
                 )
-            log.warning("env runner %d stopped (%s); starting a new one", index, reason)
+            log.warning("%s stopped (%s); starting a new one", name, reason)
             ray.kill(self.runners[index], no_restart=True)
             self._launch(index)
+
+    def _count_identical(self, key: str | None, error: ActorError | None) -> None:
+        """Count failures in a row that raised the same exception (`key`); end the run at
+        the limit with that exception."""
+        self._same = self._same + 1 if key is not None and key == self._last else 1
+        self._last = key
+        limit = self.spec.arch.max_identical_runner_failures
+        if key is not None and error is not None and self._same >= limit:
+            raise ActorError(
+                f"{error}; env runners failed {self._same} times in a row with this same "
+                f"error, so restarting will not help (arch.max_identical_runner_failures="
+                f"{limit})",
+                error.actor,
+                error.remote_traceback,
+                error.user_error,
+            )
 
     @property
     def size(self) -> int:

@@ -35,6 +35,7 @@ from rlfabric.architectures.runner_pool import (
 )
 from rlfabric.errors import RLFabricError
 from rlfabric.runtime.autotune import DynamicAdjuster
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.replay import ReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class LearnerAndRunners(Architecture):
             throughput = (metrics["learner_samples"] - samples) / (now - started)
             setting = self.adjuster.step(throughput)
             self.runners.resize(setting.get("env_runners", self.runners.size))
-            ray.get(self.learner.configure.remote(setting))
+            self._ask(self.learner.configure.remote(setting))
             self._window = (now, metrics["learner_samples"])
         metrics.update({f"autotune_{k}": v for k, v in self.adjuster.setting.items()})
 
@@ -112,6 +113,7 @@ class LearnerAndRunners(Architecture):
             )
             gpus = 0.0
         self.workers: list[Any] = []
+        self._worker_exits: list[ray.ObjectRef] = []  # calls that fail when a worker dies
         self.learner_group = learner_bundles(spec, gpus) if res.num_learners > 1 else None
         cpus = learner_cpus(spec)
         asks = {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
@@ -145,6 +147,7 @@ class LearnerAndRunners(Architecture):
             self.workers = start_workers(
                 spec, self.env_info, budget, self.learner, self.learner_group, gpus
             )
+            self._worker_exits = [worker.watch.remote() for worker in self.workers]
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
         self._start_autotune()
@@ -152,18 +155,30 @@ class LearnerAndRunners(Architecture):
     def step(self) -> dict[str, float]:
         time.sleep(self.spec.run.report_interval_s)
         self.runners.check()
-        metrics = ray.get(self.learner.metrics.remote())
+        self._check_learners()
+        metrics = self._ask(self.learner.metrics.remote())
         metrics["runner_restarts"] = self.runners.restarts
         metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
         if self.adjuster is not None:
             self._autotune(metrics)
         return metrics
 
+    def _ask(self, ref: ray.ObjectRef) -> Any:
+        """The learner's answer, within run.actor_timeout_s; its failure named."""
+        return call(ref, "the learner", self.spec.run.actor_timeout_s)
+
+    def _check_learners(self) -> None:
+        """End the run naming a data-parallel learner that died: learner 0 would
+        otherwise wait for it in the all-reduce, holding the update lock."""
+        for index, ref in enumerate(self._worker_exits, start=1):
+            if ray.wait([ref], timeout=0)[0]:
+                call(ref, f"data-parallel learner {index}")  # raises: it died
+
     def get_state(self) -> dict[str, Any]:
-        return ray.get(self.learner.get_state.remote())
+        return self._ask(self.learner.get_state.remote())
 
     def policy_weights(self) -> dict[str, Any]:
-        return ray.get(self.learner.policy_weights.remote())
+        return self._ask(self.learner.policy_weights.remote())
 
     def stop(self) -> None:
         if hasattr(self, "learner"):

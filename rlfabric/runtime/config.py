@@ -106,6 +106,12 @@ class RunConfig(_Section):
         description="longest wait for an actor to be placed and built before the run fails "
         "naming the resources asked for and free",
     )
+    actor_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="longest wait for the learner's answer to the driver (metrics, checkpoint "
+        "state) and for a data-parallel all-reduce before the run fails naming who is stuck",
+    )
     max_nonfinite_updates: int = Field(
         10,
         ge=1,

@@ -20,6 +20,7 @@ learner grows the same connections, as RigL's and RLx2's distributed code.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Literal
 
 import numpy as np
@@ -71,10 +72,22 @@ class GradientAllReduce:
             offset += tensor.numel()
 
 
-def join_group(address: str, rank: int, world_size: int, device: str) -> None:
-    """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs."""
+def join_group(
+    address: str, rank: int, world_size: int, device: str, timeout_s: float = 1800.0
+) -> None:
+    """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs.
+
+    A collective that waits longer than `timeout_s` for a peer (one that died)
+    raises instead of blocking its caller, and the lock it holds, forever.
+    """
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
+    dist.init_process_group(
+        backend,
+        init_method=address,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def leave_group() -> None:

@@ -64,6 +64,7 @@ class LearnerProcess:
         self.learner = Learner(spec, env_info, frame_budget, self.device)
         if state is not None:
             self.learner.load_state_dict(state)
+        self.timeout_s = spec.run.actor_timeout_s  # of a data-parallel group's collectives
         self._update_lock = threading.Lock()  # one optimizer step at a time, never mid-checkpoint
         self._stopping = threading.Event()
         self.feed = make_feed(
@@ -107,7 +108,7 @@ class LearnerProcess:
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
-        LearnerGroup(self.learner, workers).join(address)
+        LearnerGroup(self.learner, workers, self.timeout_s).join(address)
 
     def metrics(self) -> dict[str, float]:
         for pool in self.pools():
