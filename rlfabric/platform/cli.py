@@ -6,8 +6,11 @@
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
 
-A user error (bad spec, unknown name, missing checkpoint) prints one
-paragraph and exits 2; its traceback goes to a log file, not the terminal.
+A user error (bad spec, unknown name, missing checkpoint, also one raised
+inside an actor, such as too many non-finite updates) prints one paragraph
+and exits 2; any other exception inside an actor prints one paragraph naming
+the actor and the exception and exits 1. Tracebacks, the actor's included, go
+to a log file, not the terminal.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rlfabric.errors import RLFabricError
+from rlfabric.errors import ActorError, RLFabricError
 
 
 def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:
@@ -151,11 +154,11 @@ def _train(args: argparse.Namespace) -> int:
         raise RLFabricError("train needs a spec file or --resume LOGDIR")
     signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop`, schedulers: as Ctrl-C
     try:
-        result = platform.fit()
+        platform.fit()
     except KeyboardInterrupt:
         print("interrupted: final checkpoint written, every actor stopped", file=sys.stderr)
         return 130
-    return 0 if result.stop_reason != "interrupted" else 130
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -261,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             "w", prefix="rlfabric-error-", suffix=".log", delete=False
         ) as f:
             traceback.print_exc(file=f)
+            if isinstance(err, ActorError) and err.remote_traceback:
+                f.write(f"\nraised in {err.actor}:\n{err.remote_traceback}\n")
         print(f"error: {err}\n(traceback: {Path(f.name)})", file=sys.stderr)
-        return 2
+        # 2: the message says what to fix; 1: something broke inside an actor.
+        return 1 if isinstance(err, ActorError) and not err.user_error else 2
 
 
 if __name__ == "__main__":

@@ -156,6 +156,18 @@ class Platform:
             arch.start(state)
             progress.started = True
             self._train(arch, reporter, stop, logdir, state, progress)
+        except KeyboardInterrupt:
+            progress.reason = "interrupted (Ctrl-C or SIGTERM)"
+            log.info("run %s", progress.reason)  # run.log only: the terminal has its line
+            raise
+        except Exception as err:
+            progress.reason = f"error: {err}"
+            remote = getattr(err, "remote_traceback", "")
+            # run.log only: the CLI prints the one paragraph
+            log.info(
+                "run stopped by error: %s%s", err, f"\n{remote}" if remote else "", exc_info=True
+            )
+            raise
         finally:
             try:
                 if progress.started:
@@ -254,7 +266,7 @@ class _Progress:
 
     started: bool = False
     metrics: dict[str, float] = field(default_factory=dict)  # latest value of every key
-    reason: str = "interrupted"
+    reason: str = ""  # set by a stop condition, an error or an interruption
     checkpoint: Path | None = None
 
 
