@@ -7,6 +7,8 @@ fixture puts tests/ on the workers' path).
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium as gym
 import numpy as np
 
@@ -43,6 +45,22 @@ class BrokenStepCartPole(gym.Wrapper):
         raise ValueError("the physics engine is not installed")
 
 
+class WedgedCartPole(gym.Wrapper):
+    """CartPole whose step never returns after `good_steps` steps (a hung simulator)."""
+
+    def __init__(self, good_steps: int = 100) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.good_steps = good_steps
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > self.good_steps:
+            threading.Event().wait()  # the runner's process is killed, never woken
+        return self.env.step(action)
+
+
+gym.register("WedgedCartPole-v0", entry_point=WedgedCartPole, max_episode_steps=500)
 gym.register("NaNRewardCartPole-v0", entry_point=NaNCartPole, max_episode_steps=500)
 gym.register(
     "NaNObsCartPole-v0",

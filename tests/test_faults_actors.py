@@ -86,3 +86,22 @@ def test_a_dead_data_parallel_learner_ends_the_run_naming_it(ray_session, tmp_pa
     finally:
         arch.stop()
     assert load_checkpoint(Path(path))["counters"] == state["counters"]
+
+
+def test_a_wedged_env_is_replaced_after_the_runner_timeout(ray_session, tmp_path, caplog):
+    from rlfabric.architectures.seed import SeedArchitecture
+
+    platform = _platform(tmp_path, "WedgedCartPole-v0", runner_timeout_s=2)
+    arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+    arch.start()
+    try:
+        metrics = arch.step()
+        for _ in range(40):  # 0.5 s each: the wedge comes after 100 steps, the timeout 2 s later
+            if metrics["runner_restarts"]:
+                break
+            metrics = arch.step()
+        assert metrics["runner_restarts"] >= 1
+        assert "env runner 0 completed no env step for" in caplog.text
+        assert metrics["env_frames"] > 0
+    finally:
+        arch.stop()

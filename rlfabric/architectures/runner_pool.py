@@ -49,9 +49,10 @@ class RayEnvRunner(EnvRunner):
         """Answers once the constructor (the envs included) has finished."""
         return True
 
-    def usage(self) -> tuple[float, str]:
-        """CPU time of this runner's process and its node (served by a second actor thread)."""
-        return time.process_time(), ray.get_runtime_context().get_node_id()
+    def usage(self) -> tuple[float, str, int]:
+        """CPU time of this runner's process, its node and its group steps so far (served
+        by a second actor thread, so it answers while `run` waits on a wedged env)."""
+        return time.process_time(), ray.get_runtime_context().get_node_id(), self.steps_done
 
 
 def learner_cpus(spec: LearningSpec) -> float:
@@ -146,6 +147,8 @@ class RunnerPool:
         )
         self.runners: dict[int, Any] = {}
         self.loops: dict[int, ray.ObjectRef] = {}
+        # index -> (group steps the runner last reported, when that count last changed)
+        self.heartbeats: dict[int, tuple[int, float]] = {}
         for index in range(spec.resources.num_env_runners):
             self._launch(index)
         try:
@@ -161,6 +164,7 @@ class RunnerPool:
         runner = self._cls.remote(self.spec, self.env_info, index, seed)
         self.runners[index] = runner
         self.loops[index] = runner.run.remote(self.learner)
+        self.heartbeats[index] = (-1, time.monotonic())
 
     def check(self) -> None:
         """Replace runners whose loop ended with an error (a crash or an env exception).
@@ -170,10 +174,20 @@ class RunnerPool:
         raises the same exception `max_identical_runner_failures` times in a row.
         """
         done, _ = ray.wait(list(self.loops.values()), num_returns=len(self.loops), timeout=0)
+        timeout_s = self.spec.run.runner_timeout_s
         for index, ref in list(self.loops.items()):
+            name = f"env runner {index}"
+            idle_s = time.monotonic() - self.heartbeats[index][1]
+            if ref not in done and idle_s > timeout_s:
+                self._count_identical(None, None)
+                self._replace(
+                    index,
+                    f"{name} completed no env step for {idle_s:.0f} s (a wedged env; "
+                    f"run.runner_timeout_s={timeout_s:g})",
+                )
+                continue
             if ref not in done:
                 continue
-            name = f"env runner {index}"
             try:
                 ray.get(ref)
                 reason, key, error = f"{name}'s loop returned", None, None
@@ -185,16 +199,20 @@ class RunnerPool:
                 key = exception_line(err.cause) if isinstance(err, RayTaskError) else None
                 reason = str(error)
             self._count_identical(key, error)
-            self.restarts += 1
-            limit = self.spec.arch.max_runner_restarts
-            if self.restarts > limit:
-                raise RLFabricError(
-                    f"{reason}; that was the runners' failure {self.restarts} (arch."
-                    f"max_runner_restarts={limit})"
-                )
-            log.warning("%s stopped (%s); starting a new one", name, reason)
-            ray.kill(self.runners[index], no_restart=True)
-            self._launch(index)
+            self._replace(index, reason)
+
+    def _replace(self, index: int, reason: str) -> None:
+        """Count a runner's failure and start a new runner in its place."""
+        self.restarts += 1
+        limit = self.spec.arch.max_runner_restarts
+        if self.restarts > limit:
+            raise RLFabricError(
+                f"{reason}; that was the runners' failure {self.restarts} (arch."
+                f"max_runner_restarts={limit})"
+            )
+        log.warning("%s; starting a new env runner %d", reason, index)
+        ray.kill(self.runners[index], no_restart=True)
+        self._launch(index)
 
     def _count_identical(self, key: str | None, error: ActorError | None) -> None:
         """Count failures in a row that raised the same exception (`key`); end the run at
@@ -217,17 +235,21 @@ class RunnerPool:
         return len(self.runners)
 
     def usage(self) -> tuple[float, int]:
-        """CPU seconds the live runners' processes used so far, and how many nodes hold them."""
-        refs = [r.usage.remote() for r in self.runners.values()]
-        # Answered by a second actor thread, so only a runner that is dying (or starting)
-        # is late: leave it out of this interval's figures rather than wait for it.
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        """CPU seconds the live runners' processes used so far, and how many nodes hold them;
+        notes each runner's heartbeat (its group steps) for `check`."""
+        refs = {r.usage.remote(): index for index, r in self.runners.items()}
+        # Answered by a second actor thread, so only a runner that is dying, starting or
+        # holding the GIL is late: leave it out (its heartbeat too) rather than wait for it.
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=5.0)
         usage = []
         for ref in done:
             try:
-                usage.append(ray.get(ref))
+                cpu, node, steps = ray.get(ref)
             except ray.exceptions.RayError:  # died since check(): the next check replaces it
                 continue
+            usage.append((cpu, node))
+            if steps != self.heartbeats[refs[ref]][0]:
+                self.heartbeats[refs[ref]] = (steps, time.monotonic())
         return float(sum(cpu for cpu, _ in usage)), len({node for _, node in usage})
 
     def resize(self, size: int) -> None:
@@ -236,7 +258,7 @@ class RunnerPool:
             self._launch(index)
         for index in range(self.size - 1, size - 1, -1):
             ray.kill(self.runners.pop(index), no_restart=True)
-            del self.loops[index]
+            del self.loops[index], self.heartbeats[index]
 
     def stop(self, wait_s: float = 10.0) -> None:
         """Wait briefly for the loops (the learner has told them to stop), then kill."""

@@ -112,6 +112,12 @@ class RunConfig(_Section):
         description="longest wait for the learner's answer to the driver (metrics, checkpoint "
         "state) and for a data-parallel all-reduce before the run fails naming who is stuck",
     )
+    runner_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="an env runner that has completed no env step for this long (a wedged "
+        "env) is replaced, counted as a crash",
+    )
     max_nonfinite_updates: int = Field(
         10,
         ge=1,
