@@ -84,6 +84,11 @@ class Architecture(ABC):
         """Checkpoint state: weights, optimizer, counters, RNG."""
 
     @abstractmethod
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """The latest metrics and the checkpoint state of one moment: a checkpoint and the
+        metrics record written with it must agree (frames, updates, replay size)."""
+
+    @abstractmethod
     def policy_weights(self) -> dict[str, Any]:
         """The acting network's current weights (`Algorithm.get_weights`), for evaluation."""
 

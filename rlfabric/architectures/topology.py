@@ -156,11 +156,18 @@ class LearnerAndRunners(Architecture):
         time.sleep(self.spec.run.report_interval_s)
         self.runners.check()
         self._check_learners()
-        metrics = self._ask(self.learner.metrics.remote())
-        metrics["runner_restarts"] = self.runners.restarts
-        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
+        metrics = self._with_runners(self._ask(self.learner.metrics.remote()))
         if self.adjuster is not None:
             self._autotune(metrics)
+        return metrics
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        metrics, state = self._ask(self.learner.snapshot.remote())
+        return self._with_runners(metrics), state
+
+    def _with_runners(self, metrics: dict[str, float]) -> dict[str, float]:
+        metrics["runner_restarts"] = self.runners.restarts
+        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
         return metrics
 
     def _ask(self, ref: ray.ObjectRef) -> Any:

@@ -146,7 +146,7 @@ class Platform:
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title)
         run_log = _RunLog(logdir / "run.log")
-        progress = _Progress()
+        progress = _Progress(_Clock(state))
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = False
         arch: Architecture | None = None
@@ -155,7 +155,8 @@ class Platform:
             arch = arch_cls(spec, self.env_info, stop)
             arch.start(state)
             progress.started = True
-            self._train(arch, reporter, stop, logdir, state, progress)
+            progress.clock = _Clock(state)  # from the first step, not from Ray's start
+            self._train(arch, reporter, stop, logdir, progress)
         except KeyboardInterrupt:
             progress.reason = "interrupted (Ctrl-C or SIGTERM)"
             log.info("run %s", progress.reason)  # run.log only: the terminal has its line
@@ -171,7 +172,7 @@ class Platform:
         finally:
             try:
                 if progress.started:
-                    progress.checkpoint = self._checkpoint(arch, logdir, progress.metrics)
+                    progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
             except Exception as err:  # keep the original error; the last checkpoint stays
                 log.warning("final checkpoint failed: %s", err)
             finally:
@@ -197,14 +198,10 @@ class Platform:
         reporter: Reporter,
         stop: StopConfig,
         logdir: Path,
-        state: dict[str, Any] | None,
         progress: _Progress,
     ) -> None:
         """Report intervals until a stop condition holds; checkpoint on the way."""
-        previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
-        counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
-        last_frames, last_samples = counters["env_frames"], counters["learner_samples"]
-        start = last_time = last_ckpt = last_eval = time.perf_counter()
+        last_ckpt = last_eval = time.perf_counter()
         evaluator = _Evaluator(self.spec, self.env_info) if self.spec.run.eval_interval_s else None
         while True:
             metrics = arch.step()
@@ -212,21 +209,14 @@ class Platform:
             if evaluator is not None and now - last_eval >= self.spec.run.eval_interval_s:
                 metrics.update(evaluator(arch.policy_weights()))
                 last_eval = now = time.perf_counter()
-            dt = max(now - last_time, 1e-9)
-            metrics["wall_time_s"] = previous_wall + now - start
-            metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt
-            metrics["learner_samples_per_s"] = (metrics["learner_samples"] - last_samples) / dt
-            last_time, last_frames = now, metrics["env_frames"]
-            last_samples = metrics["learner_samples"]
-            reporter.log(metrics)
-            # An interval without an update has no loss: keep the latest value of every key.
-            progress.metrics.update(metrics)
+            progress.clock.stamp(metrics, now, rates=True)
+            progress.record(reporter, metrics)
             progress.reason = stop_reason(metrics, stop)
             if progress.reason:
                 return
             interval = self.spec.run.checkpoint_interval_s
             if interval and now - last_ckpt >= interval:
-                progress.checkpoint = self._checkpoint(arch, logdir, metrics)
+                progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
                 last_ckpt = now
 
     def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path]:
@@ -249,9 +239,14 @@ class Platform:
         (logdir / "spec.yaml").write_text(spec.to_yaml())
         return None, logdir
 
-    def _checkpoint(self, arch: Architecture, logdir: Path, metrics: dict[str, float]) -> Path:
-        state = arch.get_state()
-        state["wall_time_s"] = metrics.get("wall_time_s", 0.0)
+    def _checkpoint(
+        self, arch: Architecture, logdir: Path, reporter: Reporter, progress: _Progress
+    ) -> Path:
+        """Save the state and write the metrics record of the same moment beside it."""
+        metrics, state = arch.snapshot()
+        progress.clock.stamp(metrics, time.perf_counter(), rates=False)
+        progress.record(reporter, metrics)
+        state["wall_time_s"] = metrics["wall_time_s"]
         return save_checkpoint(
             logdir / "checkpoints",
             state,
@@ -260,14 +255,45 @@ class Platform:
         )
 
 
+class _Clock:
+    """Wall time (continued on resume) and the per-second rates between records."""
+
+    def __init__(self, state: dict[str, Any] | None) -> None:
+        counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
+        self.previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
+        self.frames, self.samples = counters["env_frames"], counters["learner_samples"]
+        self.start = self.last = time.perf_counter()
+
+    def stamp(self, metrics: dict[str, float], now: float, *, rates: bool) -> None:
+        """Add wall_time_s, and with `rates` the frames and samples per second since the
+        last interval's record (a checkpoint's record, moments later, would show noise)."""
+        metrics["wall_time_s"] = self.previous_wall + now - self.start
+        if not rates:
+            return
+        dt = max(now - self.last, 1e-9)
+        metrics["env_frames_per_s"] = (metrics["env_frames"] - self.frames) / dt
+        metrics["learner_samples_per_s"] = (metrics["learner_samples"] - self.samples) / dt
+        self.last, self.frames, self.samples = (
+            now,
+            metrics["env_frames"],
+            metrics["learner_samples"],
+        )
+
+
 @dataclass
 class _Progress:
     """Where a run stands, for the final checkpoint and Result also after Ctrl-C."""
 
+    clock: _Clock
     started: bool = False
     metrics: dict[str, float] = field(default_factory=dict)  # latest value of every key
     reason: str = ""  # set by a stop condition, an error or an interruption
     checkpoint: Path | None = None
+
+    def record(self, reporter: Reporter, metrics: dict[str, float]) -> None:
+        reporter.log(metrics)
+        # An interval without an update has no loss: keep the latest value of every key.
+        self.metrics.update(metrics)
 
 
 class _RunLog:

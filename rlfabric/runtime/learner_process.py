@@ -126,6 +126,12 @@ class LearnerProcess:
         with self._update_lock:
             return {**self.learner.state_dict(), **self.feed.checkpoint()}
 
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
+        record written with it: no update, replay add or step count between the two."""
+        with self._update_lock, self.feed.frozen(), self.learner.frozen():
+            return self.metrics(), {**self.learner.state_dict(), **self.feed.checkpoint()}
+
     def stop(self) -> None:
         self._stopping.set()
         for pool in self.pools():
