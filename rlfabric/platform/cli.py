@@ -238,9 +238,13 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _spec_show(args: argparse.Namespace) -> int:
+    from rlfabric.envs import describe_env
+    from rlfabric.envs.config import find_spec, is_atari
     from rlfabric.platform.spec import ExperimentSpec
 
-    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_yaml(), end="")
+    spec = ExperimentSpec.from_yaml(args.spec, args.overrides)
+    threshold = describe_env(spec.env).reward_threshold
+    print(spec.to_shown_yaml(threshold, is_atari(find_spec(spec.env.id))), end="")
     return 0
 
 

@@ -1,0 +1,36 @@
+"""What the user reads: spec errors that suggest the name meant, `spec show` that shows
+the stop conditions in force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlfabric.errors import SpecError
+from rlfabric.platform.cli import main
+from rlfabric.platform.spec import ExperimentSpec
+
+SPEC = Path(__file__).resolve().parents[1] / "examples" / "specs" / "cartpole_seed_vtrace.yaml"
+
+
+def test_an_unknown_field_gets_did_you_mean_with_the_names_users_write():
+    with pytest.raises(SpecError) as err:
+        ExperimentSpec.build({"algo": {"name": "vtrace", "lamda": 0.9}})
+    message = str(err.value)
+    assert "algo.lamda: unknown field; did you mean 'lambda'" in message
+    assert "lambda_" not in message
+
+
+def test_spec_show_prints_the_stop_conditions_in_force_and_no_atari_block(capsys):
+    assert main(["spec", "show", str(SPEC)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# run.stop names no condition: in force are the default budget")
+    shown = yaml.safe_load(out)
+    assert shown["run"]["stop"] == {"env_frames": 5_000_000, "episode_return_mean": 475.0}
+    assert "atari" not in shown["env"]
+    assert main(["spec", "show", str(SPEC), "run.stop.wall_time_s=60"]) == 0
+    out = capsys.readouterr().out
+    assert not out.startswith("#")
+    assert yaml.safe_load(out)["run"]["stop"] == {"wall_time_s": 60.0}
