@@ -69,3 +69,8 @@ gym.register(
     kwargs={"good_steps": 50, "field": "obs"},
 )
 gym.register("BrokenStepCartPole-v0", entry_point=BrokenStepCartPole, max_episode_steps=500)
+
+
+def short_cartpole(max_episode_steps: int = 200) -> gym.Env:
+    """An env creator function (no registered id): CartPole with shorter episodes."""
+    return gym.make("CartPole-v1", max_episode_steps=max_episode_steps)

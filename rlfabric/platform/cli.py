@@ -16,6 +16,7 @@ to a log file, not the terminal.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -90,6 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
     train.add_argument("--resume", metavar="LOGDIR", help="continue the run in LOGDIR")
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
+    train.add_argument(
+        "--import",
+        dest="imports",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE first (repeatable): it registers your own env ids with "
+        "gymnasium.register; env runners import it too, to make the envs",
+    )
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
     )
@@ -141,6 +151,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise RLFabricError(f"--import {module}: {err}") from None
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"resources.address={args.address}")

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import ray
 
 from rlfabric.algorithms import ALGORITHMS
@@ -46,6 +48,16 @@ class Result:
     logdir: str
     stop_reason: str = ""
     curve: str | None = None
+
+
+def register_env_creator(creator: Callable[..., gymnasium.Env]) -> str:
+    """Register an env creator (a class or a function returning an env) under an id of
+    its own name, and return the id. Env runners get the registration with the env's
+    description (`EnvInfo.registration`): a creator defined in an importable module
+    travels by reference, one defined in the driver's `__main__` by value."""
+    env_id = f"{creator.__module__}.{creator.__qualname__}".replace("<", "").replace(">", "")
+    gymnasium.register(env_id, entry_point=creator)
+    return env_id
 
 
 def check_spec(spec: ExperimentSpec) -> EnvInfo:
@@ -116,6 +128,8 @@ class Platform:
             )
         data = spec.to_dict() if isinstance(spec, ExperimentSpec) else dict(spec or {})
         data.update({k: v for k, v in sections.items() if v is not None})
+        if callable(data.get("env")):
+            data["env"] = register_env_creator(data["env"])
         self.spec = ExperimentSpec.build(data, overrides)
         self.env_info = check_spec(self.spec)
         self._resume_from: Path | None = None

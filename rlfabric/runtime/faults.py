@@ -11,6 +11,7 @@ log file, not for the user's terminal.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ray
@@ -47,10 +48,11 @@ def exception_line(err: BaseException) -> str:
 
 def _last_line(text: str) -> str:
     """A dead actor's message ends with its creation error's `Type: message` line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the process title
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if not lines:
         return "no reason given"
-    first = lines[0].split(" ray::")[0]  # the rest of the first line is the process title
+    first = re.split(r",? ray::", lines[0])[0].rstrip(" ,")  # then the process title
     return first if len(lines) == 1 or first == lines[-1] else f"{first} ({lines[-1]})"
 
 
