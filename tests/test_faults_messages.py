@@ -34,3 +34,20 @@ def test_spec_show_prints_the_stop_conditions_in_force_and_no_atari_block(capsys
     out = capsys.readouterr().out
     assert not out.startswith("#")
     assert yaml.safe_load(out)["run"]["stop"] == {"wall_time_s": 60.0}
+
+
+def test_a_relative_logdir_lands_where_the_user_looks(tmp_path, monkeypatch):
+    """Not in Ray's temporary copy of the working dir under `ray job submit`."""
+    from rlfabric.platform.facade import runs_folder
+
+    monkeypatch.delenv("RLFABRIC_RUNS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert runs_folder("runs") == tmp_path.resolve() / "runs"
+    assert runs_folder(str(tmp_path / "abs")) == tmp_path / "abs"
+    job_copy = tmp_path / "ray" / "session_2026" / "runtime_resources" / "working_dir_files" / "x"
+    job_copy.mkdir(parents=True)
+    monkeypatch.chdir(job_copy)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert runs_folder("runs") == tmp_path / "home" / "rlfabric" / "runs"
+    monkeypatch.setenv("RLFABRIC_RUNS", str(tmp_path / "shared"))
+    assert runs_folder("runs") == tmp_path / "shared" / "runs"

@@ -12,6 +12,8 @@ error, it writes a final checkpoint and stops every process it started.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,6 +162,9 @@ class Platform:
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title)
         run_log = _RunLog(logdir / "run.log")
+        where = f"{logdir} (on {socket.gethostname()})"
+        reporter.message(f"logs:       {where}")
+        log.info("logs: %s", where)
         progress = _Progress(_Clock(state))
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = False
@@ -244,11 +249,12 @@ class Platform:
             f"{spec.env.id.replace('/', '-')}_{spec.arch.name}_{spec.algo.name}_"
             f"{datetime.now():%Y%m%d-%H%M%S}"
         )
-        logdir = Path(spec.run.logdir) / name
+        parent = runs_folder(spec.run.logdir)
+        logdir = parent / name
         suffix = 1
         while logdir.exists():
             suffix += 1
-            logdir = Path(spec.run.logdir) / f"{name}-{suffix}"
+            logdir = parent / f"{name}-{suffix}"
         (logdir / "checkpoints").mkdir(parents=True)
         (logdir / "spec.yaml").write_text(spec.to_yaml())
         return None, logdir
@@ -327,6 +333,24 @@ class _RunLog:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self.level)
         self.handler.close()
+
+
+def runs_folder(logdir: str) -> Path:
+    """`run.logdir` as an absolute path. A relative one is resolved against
+    $RLFABRIC_RUNS if set, else the current directory, except under `ray job submit
+    --working-dir`, whose current directory is Ray's temporary copy of the working
+    dir (deleted with the session): there, against ~/rlfabric (the node's home).
+    """
+    path = Path(logdir).expanduser()
+    if path.is_absolute():
+        return path
+    base = os.environ.get("RLFABRIC_RUNS")
+    if base:
+        return Path(base).expanduser().resolve() / path
+    cwd = Path.cwd().resolve()
+    if "runtime_resources" in cwd.parts and any(p.startswith("session_") for p in cwd.parts):
+        return Path.home() / "rlfabric" / path
+    return cwd / path
 
 
 def stop_reason(metrics: dict[str, float], stop: StopConfig) -> str:
