@@ -51,3 +51,28 @@ def test_a_relative_logdir_lands_where_the_user_looks(tmp_path, monkeypatch):
     assert runs_folder("runs") == tmp_path / "home" / "rlfabric" / "runs"
     monkeypatch.setenv("RLFABRIC_RUNS", str(tmp_path / "shared"))
     assert runs_folder("runs") == tmp_path / "shared" / "runs"
+
+
+def test_plain_display_shows_progress_and_a_slower_time_breakdown(tmp_path, capsys):
+    from rlfabric.platform.reporting import PLAIN_BREAKDOWN_EVERY_S, Reporter
+    from rlfabric.runtime.config import StopConfig
+
+    stop = StopConfig(env_frames=10_000, episode_return_mean=475.0)
+    reporter = Reporter(tmp_path, "plain", "title", stop)
+    try:
+        for second in range(1, 1 + 2 * int(PLAIN_BREAKDOWN_EVERY_S)):
+            reporter.log(
+                {
+                    "env_frames": 100 * second,
+                    "env_frames_per_s": 100.0,
+                    "episode_return_mean": 20.0,
+                    "env_step_ms": 0.5,
+                    "wall_time_s": float(second),
+                }
+            )
+    finally:
+        reporter.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("1% of 10,000 frames, return 20.0 of 475, ~0h01m39s left"), lines[0]
+    breakdowns = [line for line in lines if line.startswith("time: ")]
+    assert len(breakdowns) == 2 and "env step ms (group)=0.500" in breakdowns[0]

@@ -160,7 +160,7 @@ class Platform:
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir = self._prepare_logdir()
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
-        reporter = Reporter(logdir, spec.run.display, title)
+        reporter = Reporter(logdir, spec.run.display, title, stop)
         run_log = _RunLog(logdir / "run.log")
         where = f"{logdir} (on {socket.gethostname()})"
         reporter.message(f"logs:       {where}")
