@@ -63,6 +63,12 @@ class WedgedCartPole(gym.Wrapper):
 gym.register("WedgedCartPole-v0", entry_point=WedgedCartPole, max_episode_steps=500)
 gym.register("NaNRewardCartPole-v0", entry_point=NaNCartPole, max_episode_steps=500)
 gym.register(
+    "NaNRewardSoonCartPole-v0",
+    entry_point=NaNCartPole,
+    max_episode_steps=500,
+    kwargs={"good_steps": 20},
+)
+gym.register(
     "NaNObsCartPole-v0",
     entry_point=NaNCartPole,
     max_episode_steps=500,

@@ -105,3 +105,18 @@ def test_a_wedged_env_is_replaced_after_the_runner_timeout(ray_session, tmp_path
         assert metrics["env_frames"] > 0
     finally:
         arch.stop()
+
+
+def test_warnings_inside_actors_reach_the_runs_log(ray_session, tmp_path):
+    """Skipped non-finite updates are logged in the learner actor (log_to_driver=False)."""
+    platform = _platform(
+        tmp_path,
+        "NaNRewardSoonCartPole-v0",
+        name="warned",
+        max_nonfinite_updates=10_000,
+        stop={"env_frames": 2_000},
+    )
+    result = platform.fit()
+    assert result.metrics["skipped_updates"] > 0
+    run_log = (tmp_path / "warned" / "run.log").read_text()
+    assert "the learner: rlfabric.runtime.learner: update 1 skipped: non-finite" in run_log

@@ -22,7 +22,12 @@ from rlfabric.envs import EnvInfo, ensure_registered
 from rlfabric.errors import ActorError, RLFabricError
 from rlfabric.runtime.config import LearningSpec
 from rlfabric.runtime.env_runner import EnvRunner
-from rlfabric.runtime.faults import call, exception_line, name_actor_error
+from rlfabric.runtime.faults import (
+    call,
+    capture_warnings,
+    exception_line,
+    name_actor_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ class RayEnvRunner(EnvRunner):
     """An EnvRunner built from the spec, as a Ray actor builds it."""
 
     def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
+        self.warnings = capture_warnings()
         torch.set_num_threads(spec.resources.torch_threads)
         ensure_registered(env_info)  # an env the user registered in the driver
         super().__init__(spec.env, index, seed, num_groups=spec.arch.env_groups)
@@ -49,10 +55,12 @@ class RayEnvRunner(EnvRunner):
         """Answers once the constructor (the envs included) has finished."""
         return True
 
-    def usage(self) -> tuple[float, str, int]:
-        """CPU time of this runner's process, its node and its group steps so far (served
-        by a second actor thread, so it answers while `run` waits on a wedged env)."""
-        return time.process_time(), ray.get_runtime_context().get_node_id(), self.steps_done
+    def usage(self) -> tuple[float, str, int, list[str]]:
+        """CPU time of this runner's process, its node, its group steps so far and its
+        warnings since the last call (served by a second actor thread, so it answers
+        while `run` waits on a wedged env)."""
+        node = ray.get_runtime_context().get_node_id()
+        return time.process_time(), node, self.steps_done, self.warnings.take()
 
 
 def learner_cpus(spec: LearningSpec) -> float:
@@ -236,7 +244,7 @@ class RunnerPool:
 
     def usage(self) -> tuple[float, int]:
         """CPU seconds the live runners' processes used so far, and how many nodes hold them;
-        notes each runner's heartbeat (its group steps) for `check`."""
+        notes each runner's heartbeat (its group steps) for `check` and logs its warnings."""
         refs = {r.usage.remote(): index for index, r in self.runners.items()}
         # Answered by a second actor thread, so only a runner that is dying, starting or
         # holding the GIL is late: leave it out (its heartbeat too) rather than wait for it.
@@ -244,10 +252,12 @@ class RunnerPool:
         usage = []
         for ref in done:
             try:
-                cpu, node, steps = ray.get(ref)
+                cpu, node, steps, warnings = ray.get(ref)
             except ray.exceptions.RayError:  # died since check(): the next check replaces it
                 continue
             usage.append((cpu, node))
+            for line in warnings:
+                log.warning("env runner %d: %s", refs[ref], line)
             if steps != self.heartbeats[refs[ref]][0]:
                 self.heartbeats[refs[ref]] = (steps, time.monotonic())
         return float(sum(cpu for cpu, _ in usage)), len({node for _, node in usage})

@@ -157,6 +157,8 @@ class LearnerAndRunners(Architecture):
         self.runners.check()
         self._check_learners()
         metrics = self._with_runners(self._ask(self.learner.metrics.remote()))
+        for line in self._ask(self.learner.take_warnings.remote()):
+            log.warning("the learner: %s", line)
         if self.adjuster is not None:
             self._autotune(metrics)
         return metrics

@@ -6,12 +6,15 @@ remote traceback in its text. `name_actor_error` turns either into an
 `ActorError` that names the actor: an RLFabricError raised inside an actor
 keeps its own message (it already says what to fix), anything else is
 "<actor> raised <type>: <message>". The remote traceback goes along for the
-log file, not for the user's terminal.
+log file, not for the user's terminal. Warnings an actor logs are kept
+(`capture_warnings`) for the driver to fetch and log under the actor's name.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import deque
 from typing import Any
 
 import ray
@@ -68,3 +71,34 @@ def call(ref: ray.ObjectRef, actor: str, timeout_s: float | None = None) -> Any:
         ) from None
     except (RayTaskError, RayActorError) as err:
         raise name_actor_error(err, actor) from None
+
+
+class WarningBuffer(logging.Handler):
+    """An actor process's warnings (rlfabric's log records, Python warnings) kept until
+    the driver takes them: Ray runs with log_to_driver=False, so they would appear
+    nowhere. The driver logs them to run.log and the terminal, naming the actor."""
+
+    def __init__(self, capacity: int = 200) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        self.lines: deque[str] = deque(maxlen=capacity)  # the newest, if many
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def take(self) -> list[str]:
+        """The warnings since the last call (thread-safe: deque pops are atomic)."""
+        taken = []
+        while self.lines:
+            taken.append(self.lines.popleft())
+        return taken
+
+
+def capture_warnings() -> WarningBuffer:
+    """Keep this actor process's warnings for the driver; called first in an actor's
+    constructor, so that its own warnings (a GPU fallback) are kept too."""
+    buffer = WarningBuffer()
+    logging.captureWarnings(True)
+    for name in ("rlfabric", "py.warnings"):
+        logging.getLogger(name).addHandler(buffer)
+    return buffer

@@ -21,6 +21,7 @@ import torch
 
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor, group_address
+from rlfabric.runtime.faults import capture_warnings
 from rlfabric.runtime.feeds import make_feed
 from rlfabric.runtime.learner import Learner
 from rlfabric.runtime.replay import ReplayBuffer
@@ -53,6 +54,7 @@ class LearnerProcess:
         queue_metric: str = "batch_queue",
         buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
     ) -> None:
+        self.warnings = capture_warnings()
         torch.set_num_threads(spec.resources.torch_threads)
         # Inference threads need the GIL for a moment between torch ops while a trainer
         # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
@@ -121,6 +123,10 @@ class LearnerProcess:
 
     def configure(self, setting: dict[str, int]) -> None:
         """Apply the dynamic adjuster's learner-side knobs (none by default)."""
+
+    def take_warnings(self) -> list[str]:
+        """This process's warnings since the last call, for the driver to log."""
+        return self.warnings.take()
 
     def get_state(self) -> dict[str, Any]:
         with self._update_lock:
