@@ -133,3 +133,5 @@ def test_an_error_inside_an_actor_is_one_paragraph(tmp_path, lr, code, message):
     log = Path(paragraph[1].removeprefix("(traceback: ").rstrip(")")).read_text()
     assert "raised in the learner:" in log
     assert "error" in (tmp_path / "broken" / "run.log").read_text()
+    # The learner's state is intact (the bad steps were skipped or refused): saved at the end.
+    assert list((tmp_path / "broken" / "checkpoints").glob("ckpt_*.pt"))

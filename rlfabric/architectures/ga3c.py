@@ -131,8 +131,8 @@ class GA3CLearner(LearnerProcess):
         self.server.batchers.resize(setting.get("predictors", self.server.batchers.size))
         self.trainers.resize(setting.get("trainers", self.trainers.size))
 
-    def metrics(self) -> dict[str, float]:
-        metrics = super().metrics()
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        metrics = super().metrics(raise_errors)
         metrics["predictors"] = self.server.batchers.size
         metrics["trainers"] = self.trainers.size
         metrics["dropped_unrolls"] = self.acted.dropped_unrolls

@@ -95,8 +95,8 @@ class SeedLearner(LearnerProcess):
     def pools(self) -> list[ThreadPool]:
         return [*super().pools(), self.server.batchers]
 
-    def metrics(self) -> dict[str, float]:
-        metrics = super().metrics()
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        metrics = super().metrics(raise_errors)
         metrics["dropped_unrolls"] = self.assembler.dropped_unrolls
         return metrics
 

@@ -112,9 +112,11 @@ class LearnerProcess:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
         LearnerGroup(self.learner, workers, self.timeout_s).join(address)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        """The learner's figures; first raises the error a trainer or batcher thread
+        stopped with, unless `raise_errors` is off (the final checkpoint after it)."""
         for pool in self.pools():
-            if pool.error is not None:
+            if raise_errors and pool.error is not None:
                 raise pool.error
         metrics = self.learner.metrics()
         metrics["learner_on_gpu"] = float(self.device == "cuda")
@@ -136,7 +138,9 @@ class LearnerProcess:
         """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
         record written with it: no update, replay add or step count between the two."""
         with self._update_lock, self.feed.frozen(), self.learner.frozen():
-            return self.metrics(), {**self.learner.state_dict(), **self.feed.checkpoint()}
+            # No error raised: a run a trainer's error ended still saves its last state.
+            state = {**self.learner.state_dict(), **self.feed.checkpoint()}
+            return self.metrics(raise_errors=False), state
 
     def stop(self) -> None:
         self._stopping.set()
