@@ -17,7 +17,6 @@ throughout. Where the learners are placed is the architecture's business
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -37,15 +36,6 @@ if TYPE_CHECKING:
 def device_for_this_actor() -> str:
     """cuda where Ray gave this actor a GPU and torch sees one, else cpu."""
     return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-
-
-def group_address() -> str:
-    """A TCP rendezvous on this node, for the process group (learner 0 hosts it)."""
-    ip = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        port = s.getsockname()[1]
-    return f"tcp://{ip}:{port}"
 
 
 class LearnerWorker:
@@ -94,10 +84,11 @@ class LearnerGroup:
         self.workers = workers
         self.timeout_s = timeout_s
 
-    def join(self, address: str) -> None:
+    def join(self, address: str, store: Any) -> None:
+        """Join as rank 0 through the rendezvous store learner 0 hosts (`host_rendezvous`)."""
         world = len(self.workers) + 1
         algorithm = self.learner.algorithm
-        join_group(address, 0, world, str(algorithm.device), self.timeout_s)
+        join_group(address, 0, world, str(algorithm.device), self.timeout_s, store)
         algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
         self.learner.peers = self.dispatch
 

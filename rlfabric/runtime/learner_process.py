@@ -17,10 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import ray
 import torch
 
 from rlfabric.envs import EnvInfo
-from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor, group_address
+from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor
+from rlfabric.runtime.distributed import host_rendezvous
 from rlfabric.runtime.faults import capture_warnings
 from rlfabric.runtime.feeds import make_feed
 from rlfabric.runtime.learner import Learner
@@ -67,6 +69,7 @@ class LearnerProcess:
         if state is not None:
             self.learner.load_state_dict(state)
         self.timeout_s = spec.run.actor_timeout_s  # of a data-parallel group's collectives
+        self.num_learners = spec.resources.num_learners
         self._update_lock = threading.Lock()  # one optimizer step at a time, never mid-checkpoint
         self._stopping = threading.Event()
         self.feed = make_feed(
@@ -99,7 +102,10 @@ class LearnerProcess:
         return True
 
     def group_address(self) -> str:
-        return group_address()
+        """Host the data-parallel group's rendezvous on this node; its address."""
+        ip = ray.util.get_node_ip_address()
+        address, self._rendezvous = host_rendezvous(ip, self.num_learners, self.timeout_s)
+        return address
 
     def policy_weights(self) -> dict[str, np.ndarray]:
         return self.learner.algorithm.get_weights()
@@ -110,7 +116,7 @@ class LearnerProcess:
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
-        LearnerGroup(self.learner, workers, self.timeout_s).join(address)
+        LearnerGroup(self.learner, workers, self.timeout_s).join(address, self._rendezvous)
 
     def metrics(self, raise_errors: bool = True) -> dict[str, float]:
         """The learner's figures; first raises the error a trainer or batcher thread
