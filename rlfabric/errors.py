@@ -11,3 +11,24 @@ class SpecError(RLFabricError, ValueError):
 
 class CheckpointError(RLFabricError):
     """A checkpoint or run folder that is missing or cannot be read."""
+
+
+class ActorError(RLFabricError):
+    """An exception raised inside a Ray actor, named by the actor it came from.
+
+    Its message is one paragraph for the user; `remote_traceback` keeps the
+    actor's traceback for the log file. `user_error` says the actor raised an
+    RLFabricError (its message alone says what to fix), whose message is kept as is.
+    """
+
+    def __init__(
+        self, message: str, actor: str, remote_traceback: str = "", user_error: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.actor = actor
+        self.remote_traceback = remote_traceback
+        self.user_error = user_error
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, bool]]:
+        # Crosses Ray's object store inside a runner's error: pickle every field.
+        return (type(self), (str(self), self.actor, self.remote_traceback, self.user_error))

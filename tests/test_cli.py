@@ -95,7 +95,43 @@ def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig):
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
         time.sleep(0.2)
     proc.send_signal(sig)  # SIGTERM is what `ray job stop` sends
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err
+    assert "stopped: interrupted (Ctrl-C or SIGTERM)" in out
+    assert (
+        "run interrupted (Ctrl-C or SIGTERM)" in (tmp_path / "interrupted" / "run.log").read_text()
+    )
     assert list((tmp_path / "interrupted" / "checkpoints").glob("ckpt_*.pt"))
+
+
+@pytest.mark.parametrize(
+    ("lr", "code", "message"),
+    [
+        ("1e20", 2, "error: 3 updates in a row had a NaN or inf loss or gradient"),
+        ("1e38", 1, "error: the learner raised RuntimeError: "),
+    ],
+    ids=["user-error-in-an-actor", "other-error-in-an-actor"],
+)
+def test_an_error_inside_an_actor_is_one_paragraph(tmp_path, lr, code, message):
+    """An actor's RLFabricError reads as the driver's would (exit 2); anything else names
+    the actor and the exception (exit 1); the remote traceback goes to the log file."""
+    out = rlfabric(
+        "train",
+        str(ROOT / "examples/specs/cartpole_seed_vtrace.yaml"),
+        f"algo.lr={lr}",
+        "run.max_nonfinite_updates=3",
+        "run.display=none",
+        f"run.logdir={tmp_path}",
+        "run.name=broken",
+        "resources.num_cpus=2",
+    )
+    assert out.returncode == code, out.stderr
+    paragraph = out.stderr.strip().splitlines()
+    assert paragraph[0].startswith(message), out.stderr
+    assert len(paragraph) == 2 and paragraph[1].startswith("(traceback: ")
+    log = Path(paragraph[1].removeprefix("(traceback: ").rstrip(")")).read_text()
+    assert "raised in the learner:" in log
+    assert "error" in (tmp_path / "broken" / "run.log").read_text()
+    # The learner's state is intact (the bad steps were skipped or refused): saved at the end.
+    assert list((tmp_path / "broken" / "checkpoints").glob("ckpt_*.pt"))

@@ -191,3 +191,19 @@ def test_an_unknown_inference_device_is_refused():
 
     with pytest.raises(SpecError, match=r"resources.inference_device"):
         Platform(arch="seed", algo="vtrace", resources={"inference_device": "tpu"})
+
+
+def test_the_rendezvous_port_stays_held_from_pick_to_join():
+    """Picking a free port by bind-and-close let another process take it before the
+    group formed; the rendezvous store keeps it bound."""
+    import errno
+    import socket
+
+    from rlfabric.runtime.distributed import host_rendezvous
+
+    address, store = host_rendezvous("127.0.0.1", 2, timeout_s=5)
+    port = int(address.rsplit(":", 1)[1])
+    with socket.socket() as s, pytest.raises(OSError) as err:
+        s.bind(("127.0.0.1", port))
+    assert err.value.errno == errno.EADDRINUSE
+    del store

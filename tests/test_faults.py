@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import faulty_envs  # noqa: F401 - registers NaNRewardCartPole-v0
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,29 +16,6 @@ from rlfabric.algorithms import ALGORITHMS
 from rlfabric.errors import RLFabricError
 from rlfabric.models import ModelConfig
 from rlfabric.platform.checkpoint import load_checkpoint
-
-
-class NaNRewardCartPole(gym.Wrapper):
-    """CartPole whose rewards turn NaN after `good_steps` steps (a broken env or reward)."""
-
-    def __init__(self, good_steps: int = 3_000) -> None:
-        super().__init__(gym.make("CartPole-v1"))
-        self.good_steps = good_steps
-        self.steps = 0
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.steps += 1
-        return (
-            obs,
-            reward if self.steps < self.good_steps else float("nan"),
-            terminated,
-            truncated,
-            info,
-        )
-
-
-gym.register("NaNRewardCartPole-v0", entry_point=NaNRewardCartPole, max_episode_steps=500)
 
 
 def test_a_nan_batch_skips_the_step_and_leaves_weights_alone():
@@ -177,9 +155,8 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_a_learner_crash_ends_the_run_and_the_last_checkpoint_stays_intact(ray_session, tmp_path):
-    from ray.exceptions import RayActorError
-
     from rlfabric.architectures.seed import SeedArchitecture
+    from rlfabric.errors import ActorError
     from rlfabric.platform.checkpoint import save_checkpoint
 
     platform = Platform(
@@ -195,7 +172,7 @@ def test_a_learner_crash_ends_the_run_and_the_last_checkpoint_stays_intact(ray_s
         state = arch.get_state()
         path = save_checkpoint(tmp_path, state, state["counters"]["env_frames"], keep=3)
         ray_session.kill(arch.learner, no_restart=True)
-        with pytest.raises(RayActorError):
+        with pytest.raises(ActorError, match=r"^the learner died"):
             arch.step()
     finally:
         arch.stop()

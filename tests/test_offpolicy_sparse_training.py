@@ -75,8 +75,13 @@ def test_replay_buffer_in_its_own_actor(tmp_path, ray_session):
     m = result.metrics
     assert m["replay_size"] == m["replay_stored"] >= 1_500 - 4 * 8
     assert m["replay_stored"] - 300 - 3 * 8 <= m["updates"] <= m["replay_stored"] - 300
-    state = load_checkpoint(Path(result.checkpoint))["replay"]
+    # The final checkpoint and the last record are one moment (taken under the learner's
+    # locks together), although runners go on adding until they are stopped.
+    checkpoint = load_checkpoint(Path(result.checkpoint))
+    state = checkpoint["replay"]
     assert state["contents"] and state["buffer"]["count"].sum() == m["replay_size"]
+    assert checkpoint["counters"]["env_frames"] == m["env_frames"]
+    assert checkpoint["counters"]["updates"] == m["updates"]
 
 
 def test_local_resume_keeps_the_replay_buffer(tmp_path):

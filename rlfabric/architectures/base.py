@@ -35,6 +35,12 @@ class RunnerArchConfig(ArchConfig):
     max_runner_restarts: int = Field(
         100, ge=0, description="env runner crashes tolerated before the run fails"
     )
+    max_identical_runner_failures: int = Field(
+        3,
+        ge=1,
+        description="env runner failures in a row with the same exception (an env that raises "
+        "on every step) before the run fails with it: restarting will not help",
+    )
     autotune: bool = Field(
         False,
         description="GA3C's dynamic adjuster: random-walk the worker counts (and batch sizes) "
@@ -76,6 +82,11 @@ class Architecture(ABC):
     @abstractmethod
     def get_state(self) -> dict[str, Any]:
         """Checkpoint state: weights, optimizer, counters, RNG."""
+
+    @abstractmethod
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """The latest metrics and the checkpoint state of one moment: a checkpoint and the
+        metrics record written with it must agree (frames, updates, replay size)."""
 
     @abstractmethod
     def policy_weights(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.acting import ActedLedger, RecurrentStates, act_on_requests
 from rlfabric.runtime.env_runner import Request
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.inference import InferenceServer
 from rlfabric.runtime.learner_process import LearnerProcess
 from rlfabric.runtime.unrolls import UnrollAssembler
@@ -130,8 +131,8 @@ class GA3CLearner(LearnerProcess):
         self.server.batchers.resize(setting.get("predictors", self.server.batchers.size))
         self.trainers.resize(setting.get("trainers", self.trainers.size))
 
-    def metrics(self) -> dict[str, float]:
-        metrics = super().metrics()
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        metrics = super().metrics(raise_errors)
         metrics["predictors"] = self.server.batchers.size
         metrics["trainers"] = self.trainers.size
         metrics["dropped_unrolls"] = self.acted.dropped_unrolls
@@ -156,14 +157,14 @@ class GA3CEnvRunner(RayEnvRunner):
         in_flight: ray.ObjectRef | None = None
         while True:
             for group in range(self.num_groups):
-                action = ray.get(pending[group])
+                action = call(pending[group], "the learner")
                 if action is None:
                     self.close()
                     return
                 request = requests[group]
                 unroll = self.assembler.add(request["key"], request, action, {})
                 if unroll is not None:
-                    if in_flight is not None and not ray.get(in_flight):
+                    if in_flight is not None and not call(in_flight, "the learner"):
                         self.close()
                         return
                     in_flight = learner.train.remote(unroll, request["key"], self.run_id)

@@ -28,6 +28,7 @@ from rlfabric.architectures.runner_pool import RayEnvRunner
 from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.acting import RecurrentStates, UniformActions, act_on_requests
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.learner import make_algorithm
 from rlfabric.runtime.learner_process import LearnerProcess
 from rlfabric.runtime.unrolls import UnrollAssembler
@@ -107,9 +108,9 @@ class ImpalaEnvRunner(RayEnvRunner):
         return action, extras, state
 
     def _sync_weights(self, learner: Any) -> None:
-        version, ref = ray.get(learner.weights.remote())
+        version, ref = call(learner.weights.remote(), "the learner")
         if version != self.version:
-            self.algorithm.set_weights(ray.get(ref))
+            self.algorithm.set_weights(call(ref, "the learner"))
             self.version = version
             self.tally.weight_syncs += 1
 
@@ -131,7 +132,9 @@ class ImpalaEnvRunner(RayEnvRunner):
                     request["key"], request, action, acted.extras, acted.state
                 )
                 if unroll is not None:
-                    if in_flight is not None and not ray.get(in_flight):  # one in flight
+                    if in_flight is not None and not call(
+                        in_flight, "the learner"
+                    ):  # one in flight
                         self.close()
                         return
                     in_flight = learner.submit.remote(unroll, self.tally.take(), request["key"])

@@ -17,8 +17,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlfabric.architectures.runner_pool import learner_cpus
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.data_parallel import LearnerWorker
+from rlfabric.runtime.faults import call
 
 if TYPE_CHECKING:
     from rlfabric.runtime.config import LearningSpec
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 def learner_bundles(spec: LearningSpec, gpus: float) -> PlacementGroup:
     """One PACK placement group for all learners: learner 0 takes bundle 0."""
     res = spec.resources
-    bundle: dict[str, float] = {"CPU": res.learner_cpus}
+    bundle: dict[str, float] = {"CPU": learner_cpus(spec)}
     if gpus:
         bundle["GPU"] = gpus
     group = placement_group([dict(bundle) for _ in range(res.num_learners)], strategy="PACK")
@@ -51,17 +53,23 @@ def start_workers(
     """Create learners 1..N-1 in their bundles and form the process group with learner 0."""
     res = spec.resources
     workers = [
-        ray.remote(LearnerWorker)
-        .options(num_cpus=res.learner_cpus, num_gpus=gpus, scheduling_strategy=in_bundle(group, i))
+        ray.remote(concurrency_groups={"watch": 1})(LearnerWorker)  # `watch` beside the updates
+        .options(
+            num_cpus=learner_cpus(spec),
+            num_gpus=gpus,
+            scheduling_strategy=in_bundle(group, i),
+        )
         .remote(spec, env_info, frame_budget)
         for i in range(1, res.num_learners)
     ]
-    address = ray.get(learner0.group_address.remote())
+    timeout_s = spec.run.start_timeout_s
+    address = call(learner0.group_address.remote(), "the learner", timeout_s)
     state = learner0.algorithm_state.remote()  # one object store copy for every worker
-    ray.get(
-        [learner0.join_learners.remote(address, workers)]
-        + [w.join.remote(address, i + 1, res.num_learners, state) for i, w in enumerate(workers)]
-    )
+    joins = [learner0.join_learners.remote(address, workers)] + [
+        w.join.remote(address, i + 1, res.num_learners, state) for i, w in enumerate(workers)
+    ]  # all at once: each waits in the rendezvous for the others
+    for i, ref in enumerate(joins):
+        call(ref, "the learner" if i == 0 else f"data-parallel learner {i}", timeout_s)
     return workers
 
 

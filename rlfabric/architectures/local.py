@@ -64,7 +64,13 @@ class LocalArchitecture(Architecture):
                 self.pending[group] = self._step_group(group, request)
             if budget and self.learner.counters["env_frames"] >= budget:
                 break
+        return self._metrics()
+
+    def _metrics(self) -> dict[str, float]:
         return {**self.learner.metrics(), **self.feed.metrics()}
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        return self._metrics(), self.get_state()  # one thread: nothing moves in between
 
     def _step_group(self, group: int, request: Request) -> Request:
         learner = self.learner

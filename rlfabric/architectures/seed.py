@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-import ray
 from pydantic import Field
 
 from rlfabric.architectures.base import RunnerArchConfig, TopologySpec
@@ -27,6 +26,7 @@ from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.acting import RecurrentStates, act_on_requests
 from rlfabric.runtime.env_runner import Request
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.inference import InferenceServer
 from rlfabric.runtime.learner_process import LearnerProcess
 from rlfabric.runtime.unrolls import UnrollAssembler
@@ -95,8 +95,8 @@ class SeedLearner(LearnerProcess):
     def pools(self) -> list[ThreadPool]:
         return [*super().pools(), self.server.batchers]
 
-    def metrics(self) -> dict[str, float]:
-        metrics = super().metrics()
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        metrics = super().metrics(raise_errors)
         metrics["dropped_unrolls"] = self.assembler.dropped_unrolls
         return metrics
 
@@ -120,7 +120,7 @@ class SeedEnvRunner(RayEnvRunner):
         ]
         while True:
             for group in range(self.num_groups):
-                action = ray.get(pending[group])
+                action = call(pending[group], "the learner")
                 if action is None:
                     self.close()
                     return

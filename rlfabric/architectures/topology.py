@@ -24,9 +24,18 @@ from rlfabric.architectures.learner_group import (
     stop_workers,
 )
 from rlfabric.architectures.replay_actor import RemoteReplayBuffer
-from rlfabric.architectures.runner_pool import RayEnvRunner, RunnerPool, max_runners
+from rlfabric.architectures.runner_pool import (
+    RayEnvRunner,
+    RunnerPool,
+    check_fits,
+    learner_cpus,
+    max_runners,
+    runner_cpus,
+    wait_until_started,
+)
 from rlfabric.errors import RLFabricError
 from rlfabric.runtime.autotune import DynamicAdjuster
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.replay import ReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -87,7 +96,7 @@ class LearnerAndRunners(Architecture):
             throughput = (metrics["learner_samples"] - samples) / (now - started)
             setting = self.adjuster.step(throughput)
             self.runners.resize(setting.get("env_runners", self.runners.size))
-            ray.get(self.learner.configure.remote(setting))
+            self._ask(self.learner.configure.remote(setting))
             self._window = (now, metrics["learner_samples"])
         metrics.update({f"autotune_{k}": v for k, v in self.adjuster.setting.items()})
 
@@ -104,13 +113,25 @@ class LearnerAndRunners(Architecture):
             )
             gpus = 0.0
         self.workers: list[Any] = []
+        self._worker_exits: list[ray.ObjectRef] = []  # calls that fail when a worker dies
         self.learner_group = learner_bundles(spec, gpus) if res.num_learners > 1 else None
+        cpus = learner_cpus(spec)
+        asks = {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
+        check_fits("learner", asks)  # before anything starts: what can never be placed
+        check_fits("env runner", {"CPU": runner_cpus(spec)})
         if self.learner_group is not None:
-            ray.get(self.learner_group.ready(), timeout=120)
+            ready, _ = ray.wait([self.learner_group.ready()], timeout=spec.run.start_timeout_s)
+            if not ready:
+                raise RLFabricError(
+                    f"the placement group of {res.num_learners} learners, each asking for "
+                    f"{asks}, was not placed within {spec.run.start_timeout_s:.0f} s; the "
+                    f"cluster has {ray.cluster_resources()} with {ray.available_resources()} "
+                    "free. Lower resources.num_learners / learner_cpus or add nodes"
+                )
         self.learner = (
             ray.remote(self.learner_cls)
             .options(
-                num_cpus=res.learner_cpus,
+                num_cpus=cpus,
                 num_gpus=gpus,
                 scheduling_strategy=(
                     None if self.learner_group is None else in_bundle(self.learner_group, 0)
@@ -120,54 +141,64 @@ class LearnerAndRunners(Architecture):
             )
             .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
         )
-        self._wait_until_started(self.learner, "learner")
+        wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
         if self.learner_group is not None:
             budget = self.stop_conditions.env_frames
             self.workers = start_workers(
                 spec, self.env_info, budget, self.learner, self.learner_group, gpus
             )
+            self._worker_exits = [worker.watch.remote() for worker in self.workers]
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
         self._start_autotune()
 
-    @staticmethod
-    def _wait_until_started(actor: Any, role: str, timeout_s: float = 120.0) -> None:
-        """Fail with the cluster's resources rather than wait forever for an actor that
-        cannot be placed (it asks for more CPUs or GPUs than are free)."""
-        ready, _ = ray.wait([actor.ready.remote()], timeout=timeout_s)
-        if not ready:
-            raise RLFabricError(
-                f"the {role} actor did not start within {timeout_s:.0f} s; the cluster has "
-                f"{ray.cluster_resources()} with {ray.available_resources()} free. Lower "
-                "resources.learner_cpus / cpus_per_env_runner or add nodes"
-            )
-        ray.get(ready[0])  # raises the actor's own error if its constructor failed
-
     def step(self) -> dict[str, float]:
         time.sleep(self.spec.run.report_interval_s)
         self.runners.check()
-        metrics = ray.get(self.learner.metrics.remote())
-        metrics["runner_restarts"] = self.runners.restarts
-        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
+        self._check_learners()
+        metrics = self._with_runners(self._ask(self.learner.metrics.remote()))
+        for line in self._ask(self.learner.take_warnings.remote()):
+            log.warning("the learner: %s", line)
         if self.adjuster is not None:
             self._autotune(metrics)
         return metrics
 
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        metrics, state = self._ask(self.learner.snapshot.remote())
+        return self._with_runners(metrics), state
+
+    def _with_runners(self, metrics: dict[str, float]) -> dict[str, float]:
+        metrics["runner_restarts"] = self.runners.restarts
+        metrics["runners_cpu_s"], metrics["runner_nodes"] = self.runners.usage()
+        return metrics
+
+    def _ask(self, ref: ray.ObjectRef) -> Any:
+        """The learner's answer, within run.actor_timeout_s; its failure named."""
+        return call(ref, "the learner", self.spec.run.actor_timeout_s)
+
+    def _check_learners(self) -> None:
+        """End the run naming a data-parallel learner that died: learner 0 would
+        otherwise wait for it in the all-reduce, holding the update lock."""
+        for index, ref in enumerate(self._worker_exits, start=1):
+            if ray.wait([ref], timeout=0)[0]:
+                call(ref, f"data-parallel learner {index}")  # raises: it died
+
     def get_state(self) -> dict[str, Any]:
-        return ray.get(self.learner.get_state.remote())
+        return self._ask(self.learner.get_state.remote())
 
     def policy_weights(self) -> dict[str, Any]:
-        return ray.get(self.learner.policy_weights.remote())
+        return self._ask(self.learner.policy_weights.remote())
 
     def stop(self) -> None:
-        if not hasattr(self, "learner"):
-            return
-        try:
-            ray.get(self.learner.stop.remote(), timeout=30)
-        except Exception as err:  # already dead: nothing left to stop gracefully
-            log.debug("learner stop: %s", err)
-        if hasattr(self, "runners"):
-            self.runners.stop()
-        ray.kill(self.learner, no_restart=True)
-        stop_workers(self.workers, self.learner_group)
-        del self.learner
+        if hasattr(self, "learner"):
+            try:
+                ray.get(self.learner.stop.remote(), timeout=30)
+            except Exception as err:  # already dead: nothing left to stop gracefully
+                log.debug("learner stop: %s", err)
+            if hasattr(self, "runners"):
+                self.runners.stop()
+            ray.kill(self.learner, no_restart=True)
+            del self.learner
+        if hasattr(self, "learner_group"):  # also when the learners were never placed
+            stop_workers(self.workers, self.learner_group)
+            del self.learner_group

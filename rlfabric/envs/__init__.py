@@ -5,7 +5,7 @@ Pure gymnasium and numpy, no Ray or torch: the env runners build their vector en
 
 from rlfabric.envs.config import AtariConfig, EnvConfig
 from rlfabric.envs.episodes import EpisodeTracker
-from rlfabric.envs.factory import EnvInfo, describe_env, make_vector_env
+from rlfabric.envs.factory import EnvInfo, describe_env, ensure_registered, make_vector_env
 
 __all__ = [
     "AtariConfig",
@@ -13,5 +13,6 @@ __all__ = [
     "EnvInfo",
     "EpisodeTracker",
     "describe_env",
+    "ensure_registered",
     "make_vector_env",
 ]

@@ -59,6 +59,9 @@ class EnvInfo:
     frameskip: int  # emulator frames per agent step: env_frames = frameskip * agent_steps
     reward_threshold: float | None
     max_episode_steps: int | None  # agent steps before truncation
+    # The id's registry entry, for processes where nothing registered it (a Ray worker,
+    # for an env the user registered in the driver): `ensure_registered` adds it there.
+    registration: EnvSpec | None = None
 
 
 def env_family(spec: EnvSpec) -> Family:
@@ -94,7 +97,18 @@ def describe_env(cfg: EnvConfig) -> EnvInfo:
         frameskip=frameskip,
         reward_threshold=spec.reward_threshold,
         max_episode_steps=max_steps,
+        registration=spec,
     )
+
+
+def ensure_registered(info: EnvInfo) -> None:
+    """Register the env's id in this process if it is not yet (a Ray worker making an env
+    the user registered in the driver). Its entry point travels with it: a class by
+    reference (its module is imported here, as an `--import` module would be), a
+    function or class of the driver's `__main__` by value."""
+    spec = info.registration
+    if spec is not None and spec.id not in gymnasium.registry:
+        gymnasium.registry[spec.id] = spec
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:

@@ -6,13 +6,17 @@
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
 
-A user error (bad spec, unknown name, missing checkpoint) prints one
-paragraph and exits 2; its traceback goes to a log file, not the terminal.
+A user error (bad spec, unknown name, missing checkpoint, also one raised
+inside an actor, such as too many non-finite updates) prints one paragraph
+and exits 2; any other exception inside an actor prints one paragraph naming
+the actor and the exception and exits 1. Tracebacks, the actor's included, go
+to a log file, not the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -24,7 +28,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rlfabric.errors import RLFabricError
+from rlfabric.errors import ActorError, RLFabricError
 
 
 def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:
@@ -89,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
     train.add_argument("--resume", metavar="LOGDIR", help="continue the run in LOGDIR")
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
+    train.add_argument(
+        "--import",
+        dest="imports",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE first (repeatable): it registers your own env ids with "
+        "gymnasium.register; env runners import it too, to make the envs",
+    )
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
     )
@@ -144,6 +157,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise RLFabricError(f"--import {module}: {err}") from None
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"resources.address={args.address}")
@@ -157,11 +175,11 @@ def _train(args: argparse.Namespace) -> int:
         raise RLFabricError("train needs a spec file or --resume LOGDIR")
     signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop`, schedulers: as Ctrl-C
     try:
-        result = platform.fit()
+        platform.fit()
     except KeyboardInterrupt:
         print("interrupted: final checkpoint written, every actor stopped", file=sys.stderr)
         return 130
-    return 0 if result.stop_reason != "interrupted" else 130
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -241,9 +259,13 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _spec_show(args: argparse.Namespace) -> int:
+    from rlfabric.envs import describe_env
+    from rlfabric.envs.config import find_spec, is_atari
     from rlfabric.platform.spec import ExperimentSpec
 
-    print(ExperimentSpec.from_yaml(args.spec, args.overrides).to_annotated_yaml(), end="")
+    spec = ExperimentSpec.from_yaml(args.spec, args.overrides)
+    threshold = describe_env(spec.env).reward_threshold
+    print(spec.to_annotated_yaml(threshold, is_atari(find_spec(spec.env.id))), end="")
     return 0
 
 
@@ -267,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             "w", prefix="rlfabric-error-", suffix=".log", delete=False
         ) as f:
             traceback.print_exc(file=f)
+            if isinstance(err, ActorError) and err.remote_traceback:
+                f.write(f"\nraised in {err.actor}:\n{err.remote_traceback}\n")
         print(f"error: {err}\n(traceback: {Path(f.name)})", file=sys.stderr)
-        return 2
+        # 2: the message says what to fix; 1: something broke inside an actor.
+        return 1 if isinstance(err, ActorError) and not err.user_error else 2
 
 
 if __name__ == "__main__":

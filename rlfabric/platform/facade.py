@@ -12,12 +12,16 @@ error, it writes a final checkpoint and stops every process it started.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import ray
 
 from rlfabric.algorithms import ALGORITHMS
@@ -84,6 +88,16 @@ class TargetHit:
             f"{text}; target {self.target} first reached at {self.env_frames:,.0f} env "
             f"frames, {self.wall_time_s:.1f} s"
         )
+
+
+def register_env_creator(creator: Callable[..., gymnasium.Env]) -> str:
+    """Register an env creator (a class or a function returning an env) under an id of
+    its own name, and return the id. Env runners get the registration with the env's
+    description (`EnvInfo.registration`): a creator defined in an importable module
+    travels by reference, one defined in the driver's `__main__` by value."""
+    env_id = f"{creator.__module__}.{creator.__qualname__}".replace("<", "").replace(">", "")
+    gymnasium.register(env_id, entry_point=creator)
+    return env_id
 
 
 def check_spec(spec: ExperimentSpec) -> EnvInfo:
@@ -154,6 +168,8 @@ class Platform:
             )
         data = spec.to_dict() if isinstance(spec, ExperimentSpec) else dict(spec or {})
         data.update({k: v for k, v in sections.items() if v is not None})
+        if callable(data.get("env")):
+            data["env"] = register_env_creator(data["env"])
         self.spec = ExperimentSpec.build(data, overrides)
         self.env_info = check_spec(self.spec)
         self._resume_from: Path | None = None
@@ -182,9 +198,12 @@ class Platform:
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir = self._prepare_logdir()
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
-        reporter = Reporter(logdir, spec.run.display, title, spec.run.return_window)
+        reporter = Reporter(logdir, spec.run.display, title, stop, spec.run.return_window)
         run_log = _RunLog(logdir / "run.log")
-        progress = _Progress()
+        where = f"{logdir} (on {socket.gethostname()})"
+        reporter.message(f"logs:       {where}")
+        log.info("logs: %s", where)
+        progress = _Progress(_Clock(state))
         target = stop.episode_return_mean
         progress.target = TargetHit(
             target if target is not None else self.env_info.reward_threshold
@@ -197,11 +216,24 @@ class Platform:
             arch = arch_cls(spec, self.env_info, stop)
             arch.start(state)
             progress.started = True
-            self._train(arch, reporter, stop, logdir, state, progress)
+            progress.clock = _Clock(state)  # from the first step, not from Ray's start
+            self._train(arch, reporter, stop, logdir, progress)
+        except KeyboardInterrupt:
+            progress.reason = "interrupted (Ctrl-C or SIGTERM)"
+            log.info("run %s", progress.reason)  # run.log only: the terminal has its line
+            raise
+        except Exception as err:
+            progress.reason = f"error: {err}"
+            remote = getattr(err, "remote_traceback", "")
+            # run.log only: the CLI prints the one paragraph
+            log.info(
+                "run stopped by error: %s%s", err, f"\n{remote}" if remote else "", exc_info=True
+            )
+            raise
         finally:
             try:
                 if progress.started:
-                    progress.checkpoint = self._checkpoint(arch, logdir, progress.metrics)
+                    progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
             except Exception as err:  # keep the original error; the last checkpoint stays
                 log.warning("final checkpoint failed: %s", err)
             finally:
@@ -231,14 +263,10 @@ class Platform:
         reporter: Reporter,
         stop: StopConfig,
         logdir: Path,
-        state: dict[str, Any] | None,
         progress: _Progress,
     ) -> None:
         """Report intervals until a stop condition holds; checkpoint on the way."""
-        previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
-        counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
-        last_frames, last_samples = counters["env_frames"], counters["learner_samples"]
-        start = last_time = last_ckpt = last_eval = time.perf_counter()
+        last_ckpt = last_eval = time.perf_counter()
         evaluator = _Evaluator(self.spec, self.env_info) if self.spec.run.eval_interval_s else None
         while True:
             metrics = arch.step()
@@ -246,22 +274,15 @@ class Platform:
             if evaluator is not None and now - last_eval >= self.spec.run.eval_interval_s:
                 metrics.update(evaluator(arch.policy_weights()))
                 last_eval = now = time.perf_counter()
-            dt = max(now - last_time, 1e-9)
-            metrics["wall_time_s"] = previous_wall + now - start
-            metrics["env_frames_per_s"] = (metrics["env_frames"] - last_frames) / dt
-            metrics["learner_samples_per_s"] = (metrics["learner_samples"] - last_samples) / dt
-            last_time, last_frames = now, metrics["env_frames"]
-            last_samples = metrics["learner_samples"]
-            reporter.log(metrics)
-            # An interval without an update has no loss: keep the latest value of every key.
-            progress.metrics.update(metrics)
+            progress.clock.stamp(metrics, now, rates=True)
+            progress.record(reporter, metrics)
             progress.target.observe(metrics, self.spec.run.return_window)
             progress.reason = stop_reason(metrics, stop, self.spec.run.return_window)
             if progress.reason:
                 return
             interval = self.spec.run.checkpoint_interval_s
             if interval and now - last_ckpt >= interval:
-                progress.checkpoint = self._checkpoint(arch, logdir, metrics)
+                progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
                 last_ckpt = now
 
     def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path]:
@@ -275,18 +296,24 @@ class Platform:
             f"{spec.env.id.replace('/', '-')}_{spec.arch.name}_{spec.algo.name}_"
             f"{datetime.now():%Y%m%d-%H%M%S}"
         )
-        logdir = Path(spec.run.logdir) / name
+        parent = runs_folder(spec.run.logdir)
+        logdir = parent / name
         suffix = 1
         while logdir.exists():
             suffix += 1
-            logdir = Path(spec.run.logdir) / f"{name}-{suffix}"
+            logdir = parent / f"{name}-{suffix}"
         (logdir / "checkpoints").mkdir(parents=True)
         (logdir / "spec.yaml").write_text(spec.to_yaml())
         return None, logdir
 
-    def _checkpoint(self, arch: Architecture, logdir: Path, metrics: dict[str, float]) -> Path:
-        state = arch.get_state()
-        state["wall_time_s"] = metrics.get("wall_time_s", 0.0)
+    def _checkpoint(
+        self, arch: Architecture, logdir: Path, reporter: Reporter, progress: _Progress
+    ) -> Path:
+        """Save the state and write the metrics record of the same moment beside it."""
+        metrics, state = arch.snapshot()
+        progress.clock.stamp(metrics, time.perf_counter(), rates=False)
+        progress.record(reporter, metrics)
+        state["wall_time_s"] = metrics["wall_time_s"]
         return save_checkpoint(
             logdir / "checkpoints",
             state,
@@ -295,15 +322,46 @@ class Platform:
         )
 
 
+class _Clock:
+    """Wall time (continued on resume) and the per-second rates between records."""
+
+    def __init__(self, state: dict[str, Any] | None) -> None:
+        counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
+        self.previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
+        self.frames, self.samples = counters["env_frames"], counters["learner_samples"]
+        self.start = self.last = time.perf_counter()
+
+    def stamp(self, metrics: dict[str, float], now: float, *, rates: bool) -> None:
+        """Add wall_time_s, and with `rates` the frames and samples per second since the
+        last interval's record (a checkpoint's record, moments later, would show noise)."""
+        metrics["wall_time_s"] = self.previous_wall + now - self.start
+        if not rates:
+            return
+        dt = max(now - self.last, 1e-9)
+        metrics["env_frames_per_s"] = (metrics["env_frames"] - self.frames) / dt
+        metrics["learner_samples_per_s"] = (metrics["learner_samples"] - self.samples) / dt
+        self.last, self.frames, self.samples = (
+            now,
+            metrics["env_frames"],
+            metrics["learner_samples"],
+        )
+
+
 @dataclass
 class _Progress:
     """Where a run stands, for the final checkpoint and Result also after Ctrl-C."""
 
+    clock: _Clock
     started: bool = False
     metrics: dict[str, float] = field(default_factory=dict)  # latest value of every key
-    reason: str = "interrupted"
+    reason: str = ""  # set by a stop condition, an error or an interruption
     checkpoint: Path | None = None
     target: TargetHit = field(default_factory=lambda: TargetHit(None))
+
+    def record(self, reporter: Reporter, metrics: dict[str, float]) -> None:
+        reporter.log(metrics)
+        # An interval without an update has no loss: keep the latest value of every key.
+        self.metrics.update(metrics)
 
 
 class _RunLog:
@@ -323,6 +381,24 @@ class _RunLog:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self.level)
         self.handler.close()
+
+
+def runs_folder(logdir: str) -> Path:
+    """`run.logdir` as an absolute path. A relative one is resolved against
+    $RLFABRIC_RUNS if set, else the current directory, except under `ray job submit
+    --working-dir`, whose current directory is Ray's temporary copy of the working
+    dir (deleted with the session): there, against ~/rlfabric (the node's home).
+    """
+    path = Path(logdir).expanduser()
+    if path.is_absolute():
+        return path
+    base = os.environ.get("RLFABRIC_RUNS")
+    if base:
+        return Path(base).expanduser().resolve() / path
+    cwd = Path.cwd().resolve()
+    if "runtime_resources" in cwd.parts and any(p.startswith("session_") for p in cwd.parts):
+        return Path.home() / "rlfabric" / path
+    return cwd / path
 
 
 def stop_reason(metrics: dict[str, float], stop: StopConfig, window: int = 100) -> str:

@@ -29,12 +29,26 @@ def init_ray(resources: ResourcesConfig) -> bool:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return True
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(
-        num_cpus=resources.num_cpus or os.cpu_count(),
-        _node_ip_address=LOOPBACK,
-        include_dashboard=resources.dashboard,
-        dashboard_host=LOOPBACK,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+    # Ray announces on every start that it chose token authentication (the safe
+    # default): news once, noise on every run. Its warning that auth is off stays.
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    auth_log.addFilter(_token_auth_enabled_notice)
+    try:
+        ray.init(
+            # "local": start our own, never join a cluster another process started here
+            address="local",
+            num_cpus=resources.num_cpus or os.cpu_count(),
+            _node_ip_address=LOOPBACK,
+            include_dashboard=resources.dashboard,
+            dashboard_host=LOOPBACK,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    finally:
+        auth_log.removeFilter(_token_auth_enabled_notice)
     return True
+
+
+def _token_auth_enabled_notice(record: logging.LogRecord) -> bool:
+    """False (drop) for Ray's notice that token authentication is enabled."""
+    return not record.getMessage().startswith("Token authentication is enabled")

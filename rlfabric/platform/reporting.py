@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlfabric.runtime.config import StopConfig
+
 #: (metric, label, format) rows of the live display, in order.
 DISPLAY_ROWS = [
     ("env_frames", "env frames", "{:,.0f}"),
@@ -41,6 +43,33 @@ DISPLAY_ROWS = [
 ]
 
 
+#: Seconds between the plain display's time breakdown lines (its every-interval line
+#: keeps to frames, return and loss: a log, not a dashboard).
+PLAIN_BREAKDOWN_EVERY_S = 30.0
+
+
+def progress_text(record: dict[str, Any], stop: StopConfig) -> str:
+    """How far the run is toward the stop conditions in force, and the time left to the
+    nearest of frames and wall time at the current rate."""
+    parts, left = [], []
+    frames = record.get("env_frames", 0.0)
+    if stop.env_frames:
+        parts.append(f"{frames / stop.env_frames:.0%} of {stop.env_frames:,} frames")
+        rate = record.get("env_frames_per_s", 0.0)
+        if rate > 0:
+            left.append(max(0.0, stop.env_frames - frames) / rate)
+    wall = record.get("wall_time_s", 0.0)
+    if stop.wall_time_s:
+        parts.append(f"{wall / stop.wall_time_s:.0%} of {stop.wall_time_s:g} s")
+        left.append(max(0.0, stop.wall_time_s - wall))
+    if stop.episode_return_mean is not None and "episode_return_mean" in record:
+        parts.append(f"return {record['episode_return_mean']:.1f} of {stop.episode_return_mean:g}")
+    if left:
+        minutes, seconds = divmod(int(min(left)), 60)
+        parts.append(f"~{minutes // 60}h{minutes % 60:02d}m{seconds:02d}s left")
+    return ", ".join(parts)
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -50,11 +79,20 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class Reporter:
     """Writes every record to the logdir's sinks and the chosen display."""
 
-    def __init__(self, logdir: Path, display: str, title: str, return_window: int = 100) -> None:
+    def __init__(
+        self,
+        logdir: Path,
+        display: str,
+        title: str,
+        stop: StopConfig | None = None,
+        return_window: int = 100,
+    ) -> None:
         self.logdir = logdir
         self.title = title
+        self.stop = stop
         self.rows = [(k, label.format(window=return_window), f) for k, label, f in DISPLAY_ROWS]
         self.return_window = return_window
+        self._breakdown_at = 0.0  # wall_time_s of the plain display's last breakdown line
         self.records = read_records(logdir / "metrics.jsonl")  # a resumed run appends
         self._jsonl = open(logdir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when reporting
@@ -82,6 +120,10 @@ class Reporter:
             self._live.update(self._table(record))
         elif self.display == "plain":
             print(self._line(record), flush=True)
+            wall = record.get("wall_time_s", 0.0)
+            if wall - self._breakdown_at >= PLAIN_BREAKDOWN_EVERY_S:
+                self._breakdown_at = wall
+                print(self._line(record, self.rows[9:], "time: "), flush=True)
 
     def message(self, text: str) -> None:
         if self._live is not None:
@@ -96,15 +138,21 @@ class Reporter:
         for key, label, fmt in self.rows:
             if key in record:
                 table.add_row(label, fmt.format(record[key]))
+        if self.stop is not None and record:
+            table.add_row("progress", progress_text(record, self.stop))
         return table
 
-    def _line(self, record: dict[str, Any]) -> str:
-        parts = [
-            f"{label}={fmt.format(record[key])}"
-            for key, label, fmt in self.rows[:6]
-            if key in record
-        ]
-        return " | ".join(parts)
+    def _line(
+        self,
+        record: dict[str, Any],
+        rows: list[tuple[str, str, str]] | None = None,
+        prefix: str = "",
+    ) -> str:
+        rows = self.rows[:6] if rows is None else rows
+        parts = [f"{label}={fmt.format(record[key])}" for key, label, fmt in rows if key in record]
+        if self.stop is not None and not prefix:
+            parts.append(progress_text(record, self.stop))
+        return prefix + " | ".join(parts)
 
     def plot(self) -> Path:
         """Draw return vs env frames to curve.png (matplotlib, no display needed)."""

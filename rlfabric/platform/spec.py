@@ -9,6 +9,7 @@ paragraph that names the field, the value given and what is allowed.
 from __future__ import annotations
 
 import copy
+import difflib
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -152,13 +153,26 @@ class ExperimentSpec(_Section):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def to_annotated_yaml(self) -> str:
-        """The resolved spec as YAML, each value followed by where it came from."""
+    def to_annotated_yaml(self, reward_threshold: float | None, atari: bool) -> str:
+        """The spec as `rlfabric spec show` prints it: every value followed by where it
+        came from; the stop conditions in force (the defaults when the spec names none,
+        which a comment says); no env.atari block for an env that is not Atari."""
+        data = self.to_dict()
+        if not atari:
+            del data["env"]["atari"]
+        stop = self.stop_conditions(reward_threshold)
+        data["run"]["stop"] = {k: v for k, v in stop.model_dump().items() if v is not None}
         header = [f"# preset {self.preset}"]
         if self._provenance and self._provenance.preset:
             source = textwrap.wrap(f"source: {self._provenance.preset.source}", 88)
             header += [f"#   {line}" for line in source]
-        return "\n".join([*header, *_annotate(self.to_dict(), (), self.origin)]) + "\n"
+        if stop is not self.run.stop:
+            header.append(
+                f"# run.stop names no condition: in force are the default budget "
+                f"({DEFAULT_ENV_FRAMES:,} env frames) and the env's reward threshold "
+                f"({reward_threshold})"
+            )
+        return "\n".join([*header, *_annotate(data, (), self.origin)]) + "\n"
 
     def stop_conditions(self, reward_threshold: float | None) -> StopConfig:
         """The stop conditions in force: the spec's, or the defaults if it names none."""
@@ -259,8 +273,14 @@ def format_validation_error(err: ValidationError, data: dict[str, Any]) -> str:
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             model = _model_at(e["loc"][:-1], data)
-            allowed = f"; allowed here: {', '.join(model.model_fields)}" if model else ""
-            lines.append(f"{loc}: unknown field{allowed}")
+            # The names users write: a field's alias (`lambda`), not its Python name.
+            names = [
+                info.alias or name for name, info in (model.model_fields if model else {}).items()
+            ]
+            close = difflib.get_close_matches(str(e["loc"][-1]), names, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            allowed = f"; allowed here: {', '.join(names)}" if names else ""
+            lines.append(f"{loc}: unknown field{hint}{allowed}")
             continue
         msg = e["msg"].removeprefix("Value error, ")
         given = e.get("input")

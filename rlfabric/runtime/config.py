@@ -32,7 +32,12 @@ class ResourcesConfig(_Section):
         gt=0,
         description="CPUs Ray reserves per env runner; null: share what the learner leaves free",
     )
-    learner_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for the learner")
+    learner_cpus: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs Ray reserves per learner; null: one, or an equal share with the "
+        "env runners where the cluster has fewer CPUs than learners plus runners",
+    )
     num_learners: int = Field(
         1,
         ge=1,
@@ -84,6 +89,8 @@ class ResourcesConfig(_Section):
         """
         if self.torch_threads is not None:
             return self.torch_threads
+        if self.learner_cpus is None:  # a share decided at placement: at most one CPU
+            return 1
         return max(1, min(round(self.learner_cpus), available_cpus()))
 
     @property
@@ -140,6 +147,24 @@ class RunConfig(_Section):
         "(eval_return_mean/std in the metrics; the driver plays them); null: none",
     )
     eval_episodes: int = Field(10, ge=1, description="episodes per evaluation, one per env")
+    start_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="longest wait for an actor to be placed and built before the run fails "
+        "naming the resources asked for and free",
+    )
+    actor_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="longest wait for the learner's answer to the driver (metrics, checkpoint "
+        "state) and for a data-parallel all-reduce before the run fails naming who is stuck",
+    )
+    runner_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="an env runner that has completed no env step for this long (a wedged "
+        "env) is replaced, counted as a crash",
+    )
     max_nonfinite_updates: int = Field(
         10,
         ge=1,

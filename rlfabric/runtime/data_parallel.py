@@ -16,7 +16,8 @@ throughout. Where the learners are placed is the architecture's business
 
 from __future__ import annotations
 
-import socket
+import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,15 +38,6 @@ def device_for_this_actor() -> str:
     return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
 
 
-def group_address() -> str:
-    """A TCP rendezvous on this node, for the process group (learner 0 hosts it)."""
-    ip = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        port = s.getsockname()[1]
-    return f"tcp://{ip}:{port}"
-
-
 class LearnerWorker:
     """Learners 1..N-1: the algorithm, updated on the shards learner 0 sends."""
 
@@ -53,14 +45,25 @@ class LearnerWorker:
         torch.set_num_threads(spec.resources.learner_threads)
         self.device = device_for_this_actor()
         self.algorithm = make_algorithm(spec, env_info, frame_budget, self.device)
+        self.timeout_s = spec.run.actor_timeout_s
 
     def ready(self) -> bool:
         return True
 
+    def pid(self) -> int:
+        """The worker's process id (for fault-injection tests and debugging)."""
+        return os.getpid()
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        """Never returns: the driver holds this call to learn at once of the worker's death
+        (the call then fails), in its own thread beside the updates."""
+        threading.Event().wait()
+
     def join(self, address: str, rank: int, world_size: int, state: dict[str, Any]) -> None:
         """Start from learner 0's algorithm state (weights, optimizer), then join the group."""
         self.algorithm.load_state_dict(state)
-        join_group(address, rank, world_size, self.device)
+        join_group(address, rank, world_size, self.device, self.timeout_s)
         self.algorithm.grad_sync = GradientAllReduce(world_size, self.algorithm.loss_reduction)
 
     def update(self, shard: dict[str, np.ndarray], progress: float | None) -> None:
@@ -76,14 +79,16 @@ class LearnerGroup:
     """Learner 0's side: joins the group, and cuts each batch for the workers (actor
     handles of `LearnerWorker`)."""
 
-    def __init__(self, learner: Learner, workers: list[Any]) -> None:
+    def __init__(self, learner: Learner, workers: list[Any], timeout_s: float) -> None:
         self.learner = learner
         self.workers = workers
+        self.timeout_s = timeout_s
 
-    def join(self, address: str) -> None:
+    def join(self, address: str, store: Any) -> None:
+        """Join as rank 0 through the rendezvous store learner 0 hosts (`host_rendezvous`)."""
         world = len(self.workers) + 1
         algorithm = self.learner.algorithm
-        join_group(address, 0, world, str(algorithm.device))
+        join_group(address, 0, world, str(algorithm.device), self.timeout_s, store)
         algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
         self.learner.peers = self.dispatch
 
@@ -94,4 +99,4 @@ class LearnerGroup:
         return shard 0 and a wait for them."""
         shards = shard_batch(batch, len(self.workers) + 1)
         refs = [w.update.remote(s, progress) for w, s in zip(self.workers, shards[1:])]
-        return shards[0], lambda: ray.get(refs)
+        return shards[0], lambda: ray.get(refs, timeout=self.timeout_s)

@@ -20,6 +20,7 @@ learner grows the same connections, as RigL's and RLx2's distributed code.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Literal
 
 import numpy as np
@@ -71,10 +72,42 @@ class GradientAllReduce:
             offset += tensor.numel()
 
 
-def join_group(address: str, rank: int, world_size: int, device: str) -> None:
-    """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs."""
+def host_rendezvous(host: str, world_size: int, timeout_s: float) -> tuple[str, dist.TCPStore]:
+    """Learner 0's rendezvous: a TCPStore on a port the OS picks and the store keeps
+    bound, so no other process can take it between picking and joining (picking a
+    free port by bind-and-close raced). Returns the address others join and the store."""
+    store = dist.TCPStore(
+        host,
+        0,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+    return f"tcp://{host}:{store.port}", store
+
+
+def join_group(
+    address: str,
+    rank: int,
+    world_size: int,
+    device: str,
+    timeout_s: float = 1800.0,
+    store: dist.Store | None = None,
+) -> None:
+    """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs.
+
+    `store` is the host's own (`host_rendezvous`); without one, rank 0 hosts the
+    rendezvous at `address` and the others connect to it. A collective that waits
+    longer than `timeout_s` for a peer (one that died) raises instead of blocking its
+    caller, and the lock it holds, forever.
+    """
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def leave_group() -> None:

@@ -90,6 +90,7 @@ class EnvRunner:
         life = env_cfg.atari.episodic_life and is_atari(find_spec(env_cfg.id))
         self.trackers = [EpisodeTracker(n, episodic_life=life) for n in sizes]
         self.tally = StepTally()
+        self.steps_done = 0  # group steps completed: the runner's heartbeat
 
     @property
     def num_groups(self) -> int:
@@ -114,6 +115,7 @@ class EnvRunner:
         start = time.perf_counter()
         obs, reward, terminated, truncated, info = self.envs[group].step(action)
         elapsed = time.perf_counter() - start
+        self.steps_done += 1
         tracker = self.trackers[group]
         episodes = tracker.update(reward, terminated, truncated, info)
         return self._request(

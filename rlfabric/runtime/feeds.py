@@ -30,6 +30,7 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -69,6 +70,11 @@ class Feed(ABC):
     def checkpoint(self) -> dict[str, Any]:
         """Entries this feed adds to the learner's checkpoint state (none by default)."""
         return {}
+
+    def frozen(self) -> AbstractContextManager[Any]:
+        """Held while the learner takes metrics and state of one moment: no data comes in
+        meanwhile that either would count (a replay buffer's adds). Reentrant."""
+        return nullcontext()
 
     def restore(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
         """Restore from a checkpoint's state, after the Learner."""
@@ -309,6 +315,9 @@ class ReplayFeed(Feed):
 
     def checkpoint(self) -> dict[str, Any]:
         return {"replay": self.state_dict()}
+
+    def frozen(self) -> AbstractContextManager[Any]:
+        return self._cond  # adds wait on it; an RLock underneath, so metrics() re-enters
 
     def restore(self, state: dict[str, Any]) -> None:
         if "replay" in state:

@@ -132,7 +132,9 @@ class Learner:
         # shard, a wait for the others).
         self.peers: Callable[..., tuple[dict[str, np.ndarray], Callable[[], Any]]] | None = None
         self._nonfinite_in_row = 0
-        self._lock = threading.Lock()  # counters and windows are touched by several threads
+        # Counters and windows are touched by several threads; reentrant so that `frozen`
+        # can hold it across metrics() and state_dict().
+        self._lock = threading.RLock()
 
     @property
     def policy_version(self) -> int:
@@ -239,6 +241,10 @@ class Learner:
         out["learner_busy_s"] = sums.get("learner_busy_s", 0.0)
         out["learner_cpu_s"] = time.process_time()  # this process, all threads, since start
         return out
+
+    def frozen(self) -> threading.RLock:
+        """Held while metrics and state of one moment are taken: no steps counted meanwhile."""
+        return self._lock
 
     def state_dict(self) -> dict[str, Any]:
         with self._lock:

@@ -17,10 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import ray
 import torch
 
 from rlfabric.envs import EnvInfo
-from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor, group_address
+from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor
+from rlfabric.runtime.distributed import host_rendezvous
+from rlfabric.runtime.faults import capture_warnings
 from rlfabric.runtime.feeds import make_feed
 from rlfabric.runtime.learner import Learner
 from rlfabric.runtime.replay import ReplayBuffer
@@ -53,6 +56,7 @@ class LearnerProcess:
         queue_metric: str = "batch_queue",
         buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
     ) -> None:
+        self.warnings = capture_warnings()
         torch.set_num_threads(spec.resources.learner_threads)
         # Inference threads need the GIL for a moment between torch ops while a trainer
         # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
@@ -64,6 +68,8 @@ class LearnerProcess:
         self.learner = Learner(spec, env_info, frame_budget, self.device)
         if state is not None:
             self.learner.load_state_dict(state)
+        self.timeout_s = spec.run.actor_timeout_s  # of a data-parallel group's collectives
+        self.num_learners = spec.resources.num_learners
         self._update_lock = threading.Lock()  # one optimizer step at a time, never mid-checkpoint
         self._stopping = threading.Event()
         self.feed = make_feed(
@@ -96,7 +102,10 @@ class LearnerProcess:
         return True
 
     def group_address(self) -> str:
-        return group_address()
+        """Host the data-parallel group's rendezvous on this node; its address."""
+        ip = ray.util.get_node_ip_address()
+        address, self._rendezvous = host_rendezvous(ip, self.num_learners, self.timeout_s)
+        return address
 
     def policy_weights(self) -> dict[str, np.ndarray]:
         return self.learner.algorithm.get_weights()
@@ -107,11 +116,13 @@ class LearnerProcess:
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
-        LearnerGroup(self.learner, workers).join(address)
+        LearnerGroup(self.learner, workers, self.timeout_s).join(address, self._rendezvous)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, raise_errors: bool = True) -> dict[str, float]:
+        """The learner's figures; first raises the error a trainer or batcher thread
+        stopped with, unless `raise_errors` is off (the final checkpoint after it)."""
         for pool in self.pools():
-            if pool.error is not None:
+            if raise_errors and pool.error is not None:
                 raise pool.error
         metrics = self.learner.metrics()
         metrics["learner_on_gpu"] = float(self.device == "cuda")
@@ -121,9 +132,21 @@ class LearnerProcess:
     def configure(self, setting: dict[str, int]) -> None:
         """Apply the dynamic adjuster's learner-side knobs (none by default)."""
 
+    def take_warnings(self) -> list[str]:
+        """This process's warnings since the last call, for the driver to log."""
+        return self.warnings.take()
+
     def get_state(self) -> dict[str, Any]:
         with self._update_lock:
             return {**self.learner.state_dict(), **self.feed.checkpoint()}
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
+        record written with it: no update, replay add or step count between the two."""
+        with self._update_lock, self.feed.frozen(), self.learner.frozen():
+            # No error raised: a run a trainer's error ended still saves its last state.
+            state = {**self.learner.state_dict(), **self.feed.checkpoint()}
+            return self.metrics(raise_errors=False), state
 
     def stop(self) -> None:
         self._stopping.set()

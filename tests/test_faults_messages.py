@@ -1,0 +1,78 @@
+"""What the user reads: spec errors that suggest the name meant, `spec show` that shows
+the stop conditions in force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlfabric.errors import SpecError
+from rlfabric.platform.cli import main
+from rlfabric.platform.spec import ExperimentSpec
+
+SPEC = Path(__file__).resolve().parents[1] / "examples" / "specs" / "cartpole_seed_vtrace.yaml"
+
+
+def test_an_unknown_field_gets_did_you_mean_with_the_names_users_write():
+    with pytest.raises(SpecError) as err:
+        ExperimentSpec.build({"algo": {"name": "vtrace", "lamda": 0.9}})
+    message = str(err.value)
+    assert "algo.lamda: unknown field; did you mean 'lambda'" in message
+    assert "lambda_" not in message
+
+
+def test_spec_show_prints_the_stop_conditions_in_force_and_no_atari_block(capsys):
+    assert main(["spec", "show", str(SPEC)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# run.stop names no condition: in force are the default budget")
+    shown = yaml.safe_load(out)
+    assert shown["run"]["stop"] == {"env_frames": 5_000_000, "episode_return_mean": 475.0}
+    assert "atari" not in shown["env"]
+    assert main(["spec", "show", str(SPEC), "run.stop.wall_time_s=60"]) == 0
+    out = capsys.readouterr().out
+    assert not out.startswith("#")
+    assert yaml.safe_load(out)["run"]["stop"] == {"wall_time_s": 60.0}
+
+
+def test_a_relative_logdir_lands_where_the_user_looks(tmp_path, monkeypatch):
+    """Not in Ray's temporary copy of the working dir under `ray job submit`."""
+    from rlfabric.platform.facade import runs_folder
+
+    monkeypatch.delenv("RLFABRIC_RUNS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert runs_folder("runs") == tmp_path.resolve() / "runs"
+    assert runs_folder(str(tmp_path / "abs")) == tmp_path / "abs"
+    job_copy = tmp_path / "ray" / "session_2026" / "runtime_resources" / "working_dir_files" / "x"
+    job_copy.mkdir(parents=True)
+    monkeypatch.chdir(job_copy)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert runs_folder("runs") == tmp_path / "home" / "rlfabric" / "runs"
+    monkeypatch.setenv("RLFABRIC_RUNS", str(tmp_path / "shared"))
+    assert runs_folder("runs") == tmp_path / "shared" / "runs"
+
+
+def test_plain_display_shows_progress_and_a_slower_time_breakdown(tmp_path, capsys):
+    from rlfabric.platform.reporting import PLAIN_BREAKDOWN_EVERY_S, Reporter
+    from rlfabric.runtime.config import StopConfig
+
+    stop = StopConfig(env_frames=10_000, episode_return_mean=475.0)
+    reporter = Reporter(tmp_path, "plain", "title", stop)
+    try:
+        for second in range(1, 1 + 2 * int(PLAIN_BREAKDOWN_EVERY_S)):
+            reporter.log(
+                {
+                    "env_frames": 100 * second,
+                    "env_frames_per_s": 100.0,
+                    "episode_return_mean": 20.0,
+                    "env_step_ms": 0.5,
+                    "wall_time_s": float(second),
+                }
+            )
+    finally:
+        reporter.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("1% of 10,000 frames, return 20.0 of 475, ~0h01m39s left"), lines[0]
+    breakdowns = [line for line in lines if line.startswith("time: ")]
+    assert len(breakdowns) == 2 and "env step ms (group)=0.500" in breakdowns[0]
