@@ -96,7 +96,7 @@ class BatchQueueFeed(Feed):
         update: Callable[[Unroll], Any],
         batch_size: int,
         capacity: int,
-        update_lock: threading.Lock,
+        update_lock: threading.Lock | threading.RLock,
         batch_on: Literal["add", "train"] = "add",
         metric: str = "batch_queue",
     ) -> None:
@@ -169,7 +169,7 @@ class ReplayFeed(Feed):
         spec: LearningSpec,
         env_info: EnvInfo,
         streams: StreamMap,
-        update_lock: threading.Lock,
+        update_lock: threading.Lock | threading.RLock,
         buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces,
     ) -> None:
         """`buffer_factory` builds the buffer from the env's spaces: here by default, or
@@ -356,7 +356,7 @@ def make_feed(
     learner: Learner,
     spec: LearningSpec,
     env_info: EnvInfo,
-    update_lock: threading.Lock,
+    update_lock: threading.Lock | threading.RLock,
     *,
     num_runners: int,
     num_groups: int,

@@ -70,7 +70,10 @@ class LearnerProcess:
             self.learner.load_state_dict(state)
         self.timeout_s = spec.run.actor_timeout_s  # of a data-parallel group's collectives
         self.num_learners = spec.resources.num_learners
-        self._update_lock = threading.Lock()  # one optimizer step at a time, never mid-checkpoint
+        # One optimizer step at a time, never during a checkpoint or a metrics read (a
+        # read mid-step would see weights between the step and their re-masking, and
+        # cache that topology's FLOPs); re-entrant: `snapshot` reads metrics holding it.
+        self._update_lock = threading.RLock()
         self._stopping = threading.Event()
         self.feed = make_feed(
             self.learner,
@@ -124,7 +127,8 @@ class LearnerProcess:
         for pool in self.pools():
             if raise_errors and pool.error is not None:
                 raise pool.error
-        metrics = self.learner.metrics()
+        with self._update_lock:
+            metrics = self.learner.metrics()
         metrics["learner_on_gpu"] = float(self.device == "cuda")
         metrics.update(self.feed.metrics())
         return metrics
