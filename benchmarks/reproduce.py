@@ -34,6 +34,7 @@ from typing import Any
 
 from rlfabric import Platform
 from rlfabric.platform.evaluate import evaluate, load_policy
+from rlfabric.platform.facade import TargetHit
 from rlfabric.platform.reporting import read_records
 
 RESULTS = Path(__file__).parent / "results"
@@ -111,12 +112,13 @@ def run_seed(
     return folder
 
 
-def first_reaching(records: list[dict[str, Any]], target: float) -> int | None:
-    """Env frames at the first record whose 100-episode mean reached `target`."""
+def first_reaching(records: list[dict[str, Any]], target: float, window: int = 100) -> int | None:
+    """Env frames at the first record whose full `window`-episode mean reached `target`
+    (the rule `fit` itself reports the first hit by)."""
+    hit = TargetHit(target)
     for record in records:
-        if record.get("episode_return_mean", -float("inf")) >= target:
-            return int(record["env_frames"])
-    return None
+        hit.observe(record, window)
+    return None if hit.env_frames is None else int(hit.env_frames)
 
 
 def summarize(name: str, repro: Reproduction, folders: list[Path]) -> dict[str, Any]:
