@@ -13,7 +13,9 @@ from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS, ppo
 from rlfabric.algorithms.a3c import A3C, A3CConfig
 from rlfabric.algorithms.ppo import PPO, PPOConfig, clipped_policy_loss, value_loss
+from rlfabric.errors import SpecError
 from rlfabric.models import ModelConfig
+from rlfabric.platform.spec import ExperimentSpec
 
 T, B = 6, 4
 GAMMA, LAMBDA = 0.99, 0.95
@@ -285,9 +287,14 @@ def test_ppo_value_clip_bounds_the_change_from_old_values():
     assert value_loss(values, old, returns, None, ones).item() == pytest.approx(plain)
 
 
-def test_ppo_rejects_more_minibatches_than_unrolls():
-    with pytest.raises(ValueError, match="num_minibatches=5 must be <= batch_size=4"):
-        PPOConfig(batch_size=4, num_minibatches=5)
+def test_ppo_rejects_more_minibatches_than_steps_or_recurrent_unrolls():
+    with pytest.raises(ValueError, match="num_minibatches=9 must be <= batch_size x unroll"):
+        PPOConfig(batch_size=4, unroll_length=2, num_minibatches=9)
+    PPOConfig(batch_size=4, unroll_length=2, num_minibatches=8)  # flat steps: 8 fit
+    algo = {"name": "ppo", "batch_size": 4, "num_minibatches": 5}
+    ExperimentSpec.build({"algo": algo})
+    with pytest.raises(SpecError, match=r"num_minibatches=5 must be <= algo.batch_size=4 with"):
+        ExperimentSpec.build({"algo": algo, "model": {"lstm": 8}})
 
 
 # -- both --------------------------------------------------------------------------------

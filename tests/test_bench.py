@@ -43,11 +43,18 @@ def test_bench_writes_table_json_and_plot(tmp_path):
         ["vtrace", "ppo"],
         3000,
         tmp_path,
-        ["run.display=none"],
+        ["run.display=none", "run.return_window=5"],
     )
-    rows = run_bench(specs, 475.0, tmp_path)
+    rows = run_bench(specs, 20.0, tmp_path)
     assert [r["algo"] for r in rows] == ["vtrace", "ppo"]
     assert json.loads((tmp_path / "bench.json").read_text())[0]["env_frames"] >= 3000
     assert (tmp_path / "bench.png").stat().st_size > 1000
     table = format_table(rows)
     assert "local" in table and "frames/s" in table
+    assert "thr: 5-episode mean return 20.0" in table
+    # The first record with a full window of 5 episodes at or above the threshold.
+    records = [json.loads(x) for x in (Path(rows[0]["logdir"]) / "metrics.jsonl").open()]
+    hit = next(
+        (r for r in records if r.get("episode_return_mean", 0) >= 20 and r["episodes"] >= 5), None
+    )
+    assert rows[0]["frames_to_threshold"] == (hit["env_frames"] if hit else None)

@@ -93,6 +93,21 @@ def test_resume_continues_at_the_saved_frame_count(tmp_path):
     assert len(list_checkpoints(Path(first.logdir) / "checkpoints")) >= 2
 
 
+def test_resume_keeps_the_first_target_hit(tmp_path):
+    run = {"return_window": 10, "stop": {"episode_return_mean": 40, "env_frames": 200_000}}
+    first = _fit(tmp_path, "local", 200_000, run=run)
+    assert first.stop_reason.startswith("episode_return_mean")
+    hit = (first.target.env_frames, first.target.wall_time_s)
+    assert hit[0] is not None
+    resumed = Platform.resume(first.logdir, ["run.stop.env_frames=" + str(hit[0] + 5_000)])
+    result = resumed.fit()
+    assert (result.target.env_frames, result.target.wall_time_s) == hit
+    # A resume with another target does not take the old target's hit.
+    other = Platform.resume(first.logdir, ["run.stop.episode_return_mean=1000"])
+    other.spec.run.stop.env_frames = int(result.metrics["env_frames"]) + 1_000
+    assert other.fit().target.env_frames is None
+
+
 def test_resume_restores_weights_optimizer_and_rng(tmp_path):
     from rlfabric.architectures.local import LocalArchitecture
 

@@ -76,10 +76,11 @@ class PPOConfig(ActorCriticConfig):
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOConfig:
-        if self.num_minibatches > self.batch_size:
+        steps = self.batch_size * self.unroll_length
+        if self.num_minibatches > steps:
             raise ValueError(
-                f"num_minibatches={self.num_minibatches} must be <= batch_size="
-                f"{self.batch_size}: with model.lstm, minibatches are groups of whole unrolls"
+                f"num_minibatches={self.num_minibatches} must be <= batch_size x "
+                f"unroll_length={steps}: each minibatch needs at least one step"
             )
         return self
 

@@ -108,7 +108,7 @@ def _row(
             for r in records
             if threshold is not None
             and r.get("episode_return_mean", -np.inf) >= threshold
-            and r.get("episodes", 0) >= 100
+            and r.get("episodes", 0) >= spec.run.return_window
         ),
         None,
     )
@@ -122,6 +122,7 @@ def _row(
         "env_frames_per_s": last["env_frames"] / wall,
         "final_return": last.get("episode_return_mean"),
         "threshold": threshold,
+        "return_window": spec.run.return_window,
         "time_to_threshold_s": reached["wall_time_s"] if reached else None,
         "frames_to_threshold": reached["env_frames"] if reached else None,
         "inference_batch_envs": mean("inference_batch_envs"),
@@ -155,8 +156,9 @@ def format_table(rows: list[dict]) -> str:
             f"{r['runners_cpu_share']:>12.0%}"
         )
     threshold = rows[0]["threshold"] if rows else None
+    window = rows[0]["return_window"] if rows else 100
     lines.append(
-        f"(thr: 100-episode mean return {threshold}; CPU shares of all "
+        f"(thr: {window}-episode mean return {threshold}; CPU shares of all "
         f"{os.cpu_count()} cores over the run)"
     )
     return "\n".join(lines)
@@ -177,7 +179,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     by_time.set_xlabel("wall time s")
     by_frames.set_xlabel("env frames")
     for ax in (by_time, by_frames):
-        ax.set_ylabel("mean return (last 100 episodes)")
+        ax.set_ylabel(f"mean return (last {rows[0]['return_window']} episodes)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     env = rows[0]["env"] if rows else ""

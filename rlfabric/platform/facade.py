@@ -78,6 +78,15 @@ class TargetHit:
             self.env_frames = metrics.get("env_frames")
             self.wall_time_s = metrics.get("wall_time_s")
 
+    def saved(self) -> tuple[float | None, float | None, float | None]:
+        """What a checkpoint keeps (plain numbers, for `torch.load(weights_only=True)`)."""
+        return self.target, self.env_frames, self.wall_time_s
+
+    def restore(self, saved: tuple[float | None, ...] | None) -> None:
+        """Take a saved first hit, unless it was for another target (a resume can change it)."""
+        if saved is not None and saved[0] == self.target:
+            _, self.env_frames, self.wall_time_s = saved
+
     def describe(self, final: float | None, window: int) -> str:
         text = f"return:     {final:.2f} (last {window} episodes)" if final is not None else ""
         if self.target is None:
@@ -208,6 +217,8 @@ class Platform:
         progress.target = TargetHit(
             target if target is not None else self.env_info.reward_threshold
         )
+        if state is not None:  # a resumed run keeps the first hit it made for this target
+            progress.target.restore(state.get("target_hit"))
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = False
         arch: Architecture | None = None
@@ -314,6 +325,7 @@ class Platform:
         progress.clock.stamp(metrics, time.perf_counter(), rates=False)
         progress.record(reporter, metrics)
         state["wall_time_s"] = metrics["wall_time_s"]
+        state["target_hit"] = progress.target.saved()
         return save_checkpoint(
             logdir / "checkpoints",
             state,

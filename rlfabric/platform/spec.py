@@ -23,6 +23,7 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from rlfabric.algorithms import ALGORITHMS, AlgoConfig
@@ -99,6 +100,17 @@ class ExperimentSpec(_Section):
     @classmethod
     def _algo(cls, value: Any) -> BaseModel:
         return _registered(value, ALGORITHMS, "algorithm")
+
+    @model_validator(mode="after")
+    def _recurrent_minibatches_fit(self) -> ExperimentSpec:
+        minibatches = getattr(self.algo, "num_minibatches", None)
+        if self.model.lstm and minibatches and minibatches > self.algo.batch_size:
+            raise ValueError(
+                f"algo.num_minibatches={minibatches} must be <= algo.batch_size="
+                f"{self.algo.batch_size} with model.lstm: recurrent minibatches are groups "
+                "of whole unrolls"
+            )
+        return self
 
     # -- construction -------------------------------------------------------
 
