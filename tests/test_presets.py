@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -89,6 +91,34 @@ def test_user_values_win_python_yaml_and_overrides(tmp_path):
     assert spec.origin(("algo", "clip_coef")) == "default"
 
 
+def test_an_env_block_refines_its_family(monkeypatch):
+    family = {
+        "source": "family sweep",
+        "spec": {"env": {"num_envs": 64}, "algo": {"lr": 0.003, "unroll_length": 16}},
+        "per_arch": {"seed": {"algo": {"batch_size": 4, "lr": 0.004}}},
+        "per_env": {
+            "Acrobot-v1": {
+                "source": "acrobot sweep",
+                "spec": {"algo": {"lr": 0.001, "batch_size": 8}},
+                "per_arch": {"seed": {"env": {"num_envs": 16}}},
+            }
+        },
+    }
+    monkeypatch.setattr(presets, "load_file", lambda algo: {"classic": family})
+    spec = ExperimentSpec.build({"env": "Acrobot-v1", "algo": "ppo", "arch": "seed"})
+    # The env's per_arch, then the env's spec, then the family's per_arch, then its spec.
+    assert (spec.env.num_envs, spec.algo.lr, spec.algo.batch_size) == (16, 0.001, 8)
+    assert spec.algo.unroll_length == 16 and spec.preset == "ppo/classic"
+    assert spec.origin(("env", "num_envs")) == "preset ppo/classic (Acrobot-v1, seed)"
+    assert spec.origin(("algo", "lr")) == "preset ppo/classic (Acrobot-v1)"
+    assert spec.origin(("algo", "unroll_length")) == "preset ppo/classic"
+    found = presets.find_preset("auto", "ppo", "seed", EnvConfig(id="Acrobot-v1"))
+    assert found.source == "Acrobot-v1: acrobot sweep; the rest: family sweep"
+    # Another env of the family gets the family's values alone.
+    cartpole = ExperimentSpec.build({"env": "CartPole-v1", "algo": "ppo", "arch": "seed"})
+    assert (cartpole.env.num_envs, cartpole.algo.lr, cartpole.algo.batch_size) == (64, 0.004, 4)
+
+
 def test_spec_show_says_where_each_value_came_from(tmp_path, capsys):
     path = tmp_path / "spec.yaml"
     path.write_text("arch: ga3c\nalgo: ppo\n")
@@ -131,48 +161,72 @@ def test_bad_preset_is_a_spec_error(data, expected):
         assert text in str(err.value)
 
 
-def _shipped() -> list[tuple[str, str]]:
-    return [tuple(name.split("/")) for name in presets.preset_names()]
+def _shipped() -> list[tuple[str, str, str | None]]:
+    """Every (algo, family, env id) with a block of its own: env None is the family's."""
+    out = []
+    for name in presets.preset_names():
+        algo, family = name.split("/")
+        out.append((algo, family, None))
+        out += [(algo, family, env) for env in load_file(algo)[family].get("per_env") or {}]
+    return out
 
 
-@pytest.mark.parametrize(("algo", "family"), _shipped())
-def test_every_shipped_preset_validates(algo, family):
+@pytest.mark.parametrize(("algo", "family", "env"), _shipped())
+def test_every_shipped_preset_validates(algo, family, env):
     assert algo in ALGORITHMS
     for arch in ARCHITECTURES:
-        spec = ExperimentSpec.build({"algo": algo, "arch": arch, "preset": f"{algo}/{family}"})
+        data = {"algo": algo, "arch": arch, "preset": f"{algo}/{family}"}
+        spec = ExperimentSpec.build(data | ({"env": env} if env else {}))
         assert spec.preset == f"{algo}/{family}" and spec.algo.name == algo
+        if env:
+            assert presets.family_of(spec.env) == family  # a block under the wrong family
+            assert f"({env}" in spec.origin(next(_leaves(load_file(algo)[family]["per_env"][env])))
+
+
+def _leaves(block: dict) -> Iterator[tuple[str, ...]]:
+    """The paths of a preset block's values (its `spec`, then its `per_arch` blocks')."""
+
+    def walk(node: dict, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+        for key, value in node.items():
+            yield from walk(value, (*path, key)) if isinstance(value, dict) else [(*path, key)]
+
+    yield from walk(block.get("spec") or {}, ())
 
 
 def _distinct_runs() -> list:
-    """(preset, algo, arch) with distinct resolved settings (vector is classic's alias).
+    """(preset, algo, arch, env) with distinct resolved settings (vector is classic's alias).
 
     The default suite runs every preset under `local` (about a second each) and the
     presets with per-architecture blocks under every architecture; the rest under
     Ray (about 10 s a run on 2 cores, settings as under `local`) are marked slow.
+    Env blocks run on their own env.
     """
     seen, runs = set(), []
-    for algo, family in _shipped():
+    for algo, family, env in _shipped():
         for arch in ARCHITECTURES:
-            preset = presets.find_preset(f"{algo}/{family}", algo, arch, EnvConfig())
-            key = (algo, arch, yaml.safe_dump(preset.merged()))
+            env_config = EnvConfig(id=env) if env else EnvConfig()
+            preset = presets.find_preset(f"{algo}/{family}", algo, arch, env_config)
+            key = (algo, arch, env, yaml.safe_dump(preset.merged()))
             if key in seen:
                 continue
             seen.add(key)
-            per_arch = load_file(algo)[family].get("per_arch")
-            fast = arch == "local" or bool(per_arch)
+            block = load_file(algo)[family]
+            if env:
+                block = block["per_env"][env]
+            fast = arch == "local" or bool(block.get("per_arch"))
             marks = () if fast else (pytest.mark.slow,)
-            runs.append(pytest.param(f"{algo}/{family}", algo, arch, marks=marks))
+            runs.append(pytest.param(f"{algo}/{family}", algo, arch, env, marks=marks))
     return runs
 
 
-@pytest.mark.parametrize(("preset", "algo", "arch"), _distinct_runs())
+@pytest.mark.parametrize(("preset", "algo", "arch", "env"), _distinct_runs())
 def test_every_shipped_preset_trains_under_every_architecture(
-    ray_session, tmp_path, preset, algo, arch
+    ray_session, tmp_path, preset, algo, arch, env
 ):
     """A few updates on a cheap env of the right action space (the settings are under test)."""
     replay = ALGORITHMS[algo].data == "replay"
     data = {"algo": algo, "arch": arch, "preset": preset}
-    data["env"] = "Pendulum-v1" if replay else "CartPole-v1"
+    data["env"] = env or ("Pendulum-v1" if replay else "CartPole-v1")
     probe = ExperimentSpec.build(data)
     if replay:  # the warm-up, then a few updates
         frames = probe.algo.warmup_steps + 64 * probe.env.num_envs

@@ -40,23 +40,38 @@ DEFAULT_NAMES = {"env": "CartPole-v1", "algo": "vtrace", "arch": "seed"}
 
 @dataclass(frozen=True)
 class Preset:
-    """One family's block of one algorithm's file, with the architecture's extras."""
+    """One family's block of one algorithm's file, with the architecture's extras and,
+    where the family's values do not fit one env, that env's own block (`per_env`).
+
+    Precedence, most specific first: the env's `per_arch`, the env's `spec`, the
+    family's `per_arch`, the family's `spec`.
+    """
 
     name: str  # "<algo>/<family>"
     source: str  # where the values come from (paper, RL Zoo, CleanRL, own sweep)
     settings: dict[str, Any]  # spec sections, as a user would write them
     arch: str | None = None  # the architecture whose `per_arch` block is in `arch_settings`
     arch_settings: dict[str, Any] = field(default_factory=dict)
+    env_id: str | None = None  # the env whose `per_env` block is in `env_settings`
+    env_settings: dict[str, Any] = field(default_factory=dict)
+    env_arch_settings: dict[str, Any] = field(default_factory=dict)
 
     def label(self, path: tuple[str, ...]) -> str:
         """Where the preset's value at `path` comes from, for `spec show`."""
+        if _lookup(self.env_arch_settings, path):
+            return f"preset {self.name} ({self.env_id}, {self.arch})"
+        if _lookup(self.env_settings, path):
+            return f"preset {self.name} ({self.env_id})"
         if _lookup(self.arch_settings, path):
             return f"preset {self.name} ({self.arch})"
         return f"preset {self.name}"
 
     def merged(self) -> dict[str, Any]:
-        """The family's settings with the architecture's block over them."""
-        return fill(copy.deepcopy(self.arch_settings), self.settings)
+        """Every block's settings, the more specific over the more general."""
+        out = copy.deepcopy(self.env_arch_settings)
+        for block in (self.env_settings, self.arch_settings, self.settings):
+            fill(out, block)
+        return out
 
 
 @cache
@@ -111,12 +126,19 @@ def find_preset(name: str, algo: str, arch: str, env: EnvConfig) -> Preset | Non
             f"unknown preset {name!r}; shipped: {', '.join(preset_names())} "
             f"(or {AUTO!r}, {NONE!r}, or a family name: {', '.join(FAMILIES)})"
         )
+    env_block = (block.get("per_env") or {}).get(env.id) or {}
+    source = block.get("source", "")
+    if env_block.get("source"):
+        source = f"{env.id}: {env_block['source']}; the rest: {source}"
     return Preset(
         name=f"{preset_algo}/{family}",
-        source=block.get("source", ""),
+        source=source,
         settings=block.get("spec") or {},
         arch=arch,
         arch_settings=(block.get("per_arch") or {}).get(arch) or {},
+        env_id=env.id if env_block else None,
+        env_settings=env_block.get("spec") or {},
+        env_arch_settings=(env_block.get("per_arch") or {}).get(arch) or {},
     )
 
 
