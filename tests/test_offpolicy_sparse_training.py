@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_training import FAST_VTRACE
 
@@ -79,7 +81,12 @@ def test_replay_buffer_in_its_own_actor(tmp_path, ray_session):
     # locks together), although runners go on adding until they are stopped.
     checkpoint = load_checkpoint(Path(result.checkpoint))
     state = checkpoint["replay"]
-    assert state["contents"] and state["buffer"]["count"].sum() == m["replay_size"]
+    # The replay actor wrote its contents beside the checkpoint; none came to the driver.
+    assert state["contents"] and "data" not in state["buffer"]
+    assert not state["contents_file"]["streamed"]
+    assert state["contents_file"]["writer_pid"] != os.getpid()
+    with np.load(state["contents_file"]["path"]) as contents:
+        assert contents["count"].sum() == m["replay_size"]
     assert checkpoint["counters"]["env_frames"] == m["env_frames"]
     assert checkpoint["counters"]["updates"] == m["updates"]
 
@@ -88,7 +95,7 @@ def test_local_resume_keeps_the_replay_buffer(tmp_path):
     algo = {"name": "sac", **FAST, "warmup_steps": 200, "batch_size": 64}
     first = _fit(tmp_path, "local", algo, 1_000, run={"name": "resumable"})
     state = load_checkpoint(Path(first.checkpoint))
-    assert state["replay"]["contents"]
+    assert state["replay"]["contents"] and state["replay"]["contents_file"]["bytes"] > 0
     assert state["replay"]["stored"] == first.metrics["replay_stored"]
     second = Platform.resume(first.logdir, ["run.stop.env_frames=1600"]).fit()
     records = _records(second)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -114,11 +115,14 @@ def _spec(**algo) -> ExperimentSpec:
     )
 
 
-def _pendulum_feed(**algo) -> tuple[ReplayFeed, Learner, EnvRunner]:
+def _pendulum_feed(
+    buffer_factory: Callable[..., ReplayBuffer] = ReplayBuffer.from_spaces, **algo
+) -> tuple[ReplayFeed, Learner, EnvRunner]:
     spec = _spec(**algo)
     info = describe_env(spec.env)
     learner = Learner(spec, info, frame_budget=None)
-    feed = ReplayFeed(learner, spec, info, StreamMap(1, 2, 2), threading.Lock())
+    streams = StreamMap(1, 2, 2)
+    feed = ReplayFeed(learner, spec, info, streams, threading.Lock(), buffer_factory)
     return feed, learner, EnvRunner(spec.env, index=0, seed=0, num_groups=2)
 
 
@@ -134,6 +138,15 @@ def _unrolls(learner: Learner, runner: EnvRunner, length: int):
             pending[group] = runner.step(group, action)
             if unroll is not None:
                 yield request["key"], unroll
+
+
+def _train_on(feed: ReplayFeed, learner: Learner, runner: EnvRunner, unrolls: int) -> None:
+    """Store `unrolls` unrolls of the learner's policy, running every update they allow."""
+    stop = threading.Event()
+    for _, (key, unroll) in zip(range(unrolls), _unrolls(learner, runner, 4)):
+        feed.add_unroll(unroll, key, stop)
+        while feed.train_step(timeout=0):
+            pass
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.5, 2.0])
@@ -188,11 +201,8 @@ def test_producers_wait_for_trainers_one_unroll_ahead():
 @pytest.mark.parametrize("contents", [True, False])
 def test_checkpoint_round_trip_with_and_without_contents(contents):
     feed, learner, runner = _pendulum_feed(dynamic_buffer=True, buffer_min_capacity=16)
+    _train_on(feed, learner, runner, 20)
     stop = threading.Event()
-    for _, (key, unroll) in zip(range(20), _unrolls(learner, runner, 4)):
-        feed.add_unroll(unroll, key, stop)
-        while feed.train_step(timeout=0):
-            pass
     state = {"learner": learner.state_dict(), "replay": feed.state_dict(2**30 if contents else 0)}
     stream = io.BytesIO()
     torch.save(state, stream)
@@ -250,11 +260,7 @@ def test_feed_hands_sac_the_folds_inner_observations(name, intermediate):
     seen: list[dict[str, np.ndarray]] = []
     update = learner.algorithm.update
     learner.algorithm.update = lambda batch: seen.append(batch) or update(batch)
-    stop = threading.Event()
-    for _, (key, unroll) in zip(range(7), _unrolls(learner, runner, 4)):
-        feed.add_unroll(unroll, key, stop)
-        while feed.train_step(timeout=0):
-            pass
+    _train_on(feed, learner, runner, 7)
     runner.close()
     assert seen
     for batch in seen:

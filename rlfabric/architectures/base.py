@@ -84,9 +84,19 @@ class Architecture(ABC):
         """Checkpoint state: weights, optimizer, counters, RNG."""
 
     @abstractmethod
-    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+    def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """The latest metrics and the checkpoint state of one moment: a checkpoint and the
-        metrics record written with it must agree (frames, updates, replay size)."""
+        metrics record written with it must agree (frames, updates, replay size).
+
+        With `replay_file` (an empty file reserved in the checkpoint folder), the
+        process holding a replay buffer writes its contents there if it sees the
+        file, else keeps them for `replay_chunk`; the state describes the file
+        (`runtime.feeds.ReplayFeed.state_dict`). Without, contents are inline."""
+
+    @abstractmethod
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes from `offset` of the replay contents the last snapshot could
+        not write into the checkpoint folder; b"" at the end."""
 
     @abstractmethod
     def policy_weights(self) -> dict[str, Any]:

@@ -69,8 +69,12 @@ class LocalArchitecture(Architecture):
     def _metrics(self) -> dict[str, float]:
         return {**self.learner.metrics(), **self.feed.metrics()}
 
-    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
-        return self._metrics(), self.get_state()  # one thread: nothing moves in between
+    def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        # One thread: nothing moves in between.
+        return self._metrics(), {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
+
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        return self.feed.replay_chunk(offset, size)
 
     def _step_group(self, group: int, request: Request) -> Request:
         learner = self.learner

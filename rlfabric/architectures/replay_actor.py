@@ -10,14 +10,18 @@ the local buffer's interface, so `ReplayFeed` uses either unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlfabric.runtime.replay import ReplayBuffer
+from rlfabric.runtime.replay_files import CHUNK_BYTES, Pull
 
 
 class _BufferActor:
@@ -37,8 +41,13 @@ class _BufferActor:
         self.buffer.load_state_dict(state)
         return len(self.buffer)
 
+    def load_contents(self, path: str, nbytes: int, fetch: Pull | None) -> int:
+        self.buffer.load_contents(path, nbytes, fetch)
+        return len(self.buffer)
+
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Read-only calls: sample, oldest, state_dict."""
+        """Calls that leave the contents as they are: sample, oldest, state_dict,
+        save_contents, read_outbox, close."""
         return getattr(self.buffer, name)(*args, **kwargs)
 
     def describe(self) -> tuple[int, int]:
@@ -101,5 +110,60 @@ class RemoteReplayBuffer:
         self._len = ray.get(self.actor.load_state_dict.remote(state))
         self._capacity = int(state["capacity"])
 
+    def save_contents(self, target: str) -> dict[str, Any]:
+        """The actor writes its contents itself (into `target` if its node sees it)."""
+        return ray.get(self.actor.call.remote("save_contents", target))
+
+    def read_outbox(self, offset: int, size: int) -> bytes:
+        return ray.get(self.actor.call.remote("read_outbox", offset, size))
+
+    def load_contents(self, path: str, nbytes: int, fetch: Pull | None = None) -> None:
+        self._len = ray.get(self.actor.load_contents.remote(path, nbytes, fetch))
+
     def close(self) -> None:
+        # Remove contents left to pull (a checkpoint's pull that never finished), unless
+        # the actor is gone already.
+        with contextlib.suppress(Exception):
+            ray.get(self.actor.call.remote("close"), timeout=10)
         ray.kill(self.actor, no_restart=True)
+
+
+class _FileReader:
+    """Hands out chunks of a file on the driver's node (`replay_contents_served`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self, offset: int, size: int) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            return f.read(min(size, CHUNK_BYTES))
+
+
+def _fetch(reader: Any, offset: int, size: int) -> bytes:
+    return ray.get(reader.read.remote(offset, size))
+
+
+@contextlib.contextmanager
+def replay_contents_served(
+    state: dict[str, Any] | None, min_nodes: int = 2
+) -> Iterator[dict[str, Any] | None]:
+    """`state` for a learner that restores replay contents from a file beside the
+    checkpoint: on a cluster of `min_nodes` nodes or more it may not see the
+    driver's disk, so a reader actor on this node serves the file, in chunks,
+    while the learner starts (`ReplayBuffer.load_contents`'s `fetch`)."""
+    contents = (state or {}).get("replay", {}).get("contents_file")
+    if contents is None or len([n for n in ray.nodes() if n["Alive"]]) < min_nodes:
+        yield state
+        return
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    reader = ray.remote(_FileReader).options(num_cpus=0, scheduling_strategy=here)
+    actor = reader.remote(contents["path"])
+    fetch = functools.partial(_fetch, actor)
+    try:
+        yield {
+            **state,
+            "replay": {**state["replay"], "contents_file": {**contents, "fetch": fetch}},
+        }
+    finally:
+        ray.kill(actor, no_restart=True)

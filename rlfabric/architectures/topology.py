@@ -23,7 +23,7 @@ from rlfabric.architectures.learner_group import (
     start_workers,
     stop_workers,
 )
-from rlfabric.architectures.replay_actor import RemoteReplayBuffer
+from rlfabric.architectures.replay_actor import RemoteReplayBuffer, replay_contents_served
 from rlfabric.architectures.runner_pool import (
     RayEnvRunner,
     RunnerPool,
@@ -128,22 +128,20 @@ class LearnerAndRunners(Architecture):
                     f"cluster has {ray.cluster_resources()} with {ray.available_resources()} "
                     "free. Lower resources.num_learners / learner_cpus or add nodes"
                 )
-        self.learner = (
-            ray.remote(self.learner_cls)
-            .options(
-                num_cpus=cpus,
-                num_gpus=gpus,
-                scheduling_strategy=(
-                    None if self.learner_group is None else in_bundle(self.learner_group, 0)
-                ),
-                # one thread per runner group call plus the driver's calls
-                max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
-            )
-            .remote(spec, self.env_info, self.stop_conditions.env_frames, state)
+        learner_cls = ray.remote(self.learner_cls).options(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            scheduling_strategy=(
+                None if self.learner_group is None else in_bundle(self.learner_group, 0)
+            ),
+            # one thread per runner group call plus the driver's calls
+            max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
         )
-        wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
+        budget = self.stop_conditions.env_frames
+        with replay_contents_served(state) as learner_state:
+            self.learner = learner_cls.remote(spec, self.env_info, budget, learner_state)
+            wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
         if self.learner_group is not None:
-            budget = self.stop_conditions.env_frames
             self.workers = start_workers(
                 spec, self.env_info, budget, self.learner, self.learner_group, gpus
             )
@@ -163,9 +161,12 @@ class LearnerAndRunners(Architecture):
             self._autotune(metrics)
         return metrics
 
-    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
-        metrics, state = self._ask(self.learner.snapshot.remote())
+    def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        metrics, state = self._ask(self.learner.snapshot.remote(replay_file))
         return self._with_runners(metrics), state
+
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        return self._ask(self.learner.replay_chunk.remote(offset, size))
 
     def _with_runners(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics["runner_restarts"] = self.runners.restarts

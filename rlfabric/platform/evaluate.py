@@ -90,7 +90,7 @@ def load_policy(logdir: str | Path) -> tuple[ExperimentSpec, Algorithm]:
     env_info = describe_env(spec.env)
     budget = spec.stop_conditions(env_info.reward_threshold).env_frames
     algorithm = make_algorithm(spec, env_info, budget)
-    algorithm.load_state_dict(load_checkpoint(checkpoints[-1])["algorithm"])
+    algorithm.load_state_dict(load_checkpoint(checkpoints[-1], replay=False)["algorithm"])
     return spec, algorithm
 
 

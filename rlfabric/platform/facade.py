@@ -29,7 +29,12 @@ from rlfabric.architectures import ARCHITECTURES, Architecture
 from rlfabric.envs import EnvInfo, describe_env
 from rlfabric.errors import CheckpointError, SpecError
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
-from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from rlfabric.platform.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    replay_target,
+    save_checkpoint,
+)
 from rlfabric.platform.evaluate import evaluate
 from rlfabric.platform.ray_setup import init_ray
 from rlfabric.platform.reporting import Reporter
@@ -320,18 +325,25 @@ class Platform:
     def _checkpoint(
         self, arch: Architecture, logdir: Path, reporter: Reporter, progress: _Progress
     ) -> Path:
-        """Save the state and write the metrics record of the same moment beside it."""
-        metrics, state = arch.snapshot()
-        progress.clock.stamp(metrics, time.perf_counter(), rates=False)
-        progress.record(reporter, metrics)
-        state["wall_time_s"] = metrics["wall_time_s"]
-        state["target_hit"] = progress.target.saved()
-        return save_checkpoint(
-            logdir / "checkpoints",
-            state,
-            int(state["counters"]["env_frames"]),
-            self.spec.run.keep_checkpoints,
-        )
+        """Save the state and write the metrics record of the same moment beside it.
+
+        Replay contents go from the buffer's process into the checkpoint folder,
+        or in chunks through here (`platform.checkpoint`), never whole."""
+        folder = logdir / "checkpoints"
+        with replay_target(folder) as replay_file:
+            metrics, state = arch.snapshot(str(replay_file))
+            progress.clock.stamp(metrics, time.perf_counter(), rates=False)
+            progress.record(reporter, metrics)
+            state["wall_time_s"] = metrics["wall_time_s"]
+            state["target_hit"] = progress.target.saved()
+            return save_checkpoint(
+                folder,
+                state,
+                int(state["counters"]["env_frames"]),
+                self.spec.run.keep_checkpoints,
+                replay_file=replay_file,
+                pull=arch.replay_chunk,
+            )
 
 
 class _Clock:

@@ -67,9 +67,14 @@ class Feed(ABC):
     def metrics(self) -> dict[str, float]:
         """Queue depths or buffer figures for the report."""
 
-    def checkpoint(self) -> dict[str, Any]:
-        """Entries this feed adds to the learner's checkpoint state (none by default)."""
+    def checkpoint(self, replay_file: str | None = None) -> dict[str, Any]:
+        """Entries this feed adds to the learner's checkpoint state (none by default).
+        `replay_file`: where a replay buffer writes its contents (`ReplayFeed.state_dict`)."""
         return {}
+
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        """A chunk of replay contents left to pull (`ReplayFeed.state_dict`)."""
+        raise RuntimeError(f"{type(self).__name__} holds no replay contents")
 
     def frozen(self) -> AbstractContextManager[Any]:
         """Held while the learner takes metrics and state of one moment: no data comes in
@@ -293,10 +298,16 @@ class ReplayFeed(Feed):
             out["policy_distance"] = self.policy_distance
         return out
 
-    def state_dict(self, max_bytes: int | None = None) -> dict[str, Any]:
+    def state_dict(
+        self, max_bytes: int | None = None, replay_file: str | None = None
+    ) -> dict[str, Any]:
         """Counters, the buffer's parameters and RNG, and its contents if under `max_bytes`
         (default `run.checkpoint_replay_mb`).
 
+        With `replay_file` (an empty file the driver reserved in the checkpoint folder)
+        the process holding the buffer writes the contents there, or keeps them for
+        the driver to pull (`replay_chunk`), and the state only describes that file
+        (`contents_file`, see `runtime.replay_files`); without it they are inline.
         Arrays become tensors and the RNG state (128-bit integers) a JSON string, so
         that `torch.load(weights_only=True)` reads the checkpoint.
         """
@@ -304,17 +315,23 @@ class ReplayFeed(Feed):
             max_bytes = int(self.checkpoint_replay_mb * 2**20)
         with self._cond:
             contents = self.buffer.nbytes <= max_bytes
-            state = self.buffer.state_dict(contents=contents)
+            state = self.buffer.state_dict(contents=contents and replay_file is None)
             state["rng"] = json.dumps(state["rng"])
-            return {
+            out = {
                 "stored": self.stored,
                 "checked_at": self._checked_at,
                 "contents": contents,
                 "buffer": _to_torch(state),
             }
+            if contents and replay_file is not None:
+                out["contents_file"] = self.buffer.save_contents(replay_file)
+            return out
 
-    def checkpoint(self) -> dict[str, Any]:
-        return {"replay": self.state_dict()}
+    def checkpoint(self, replay_file: str | None = None) -> dict[str, Any]:
+        return {"replay": self.state_dict(replay_file=replay_file)}
+
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        return self.buffer.read_outbox(offset, size)
 
     def frozen(self) -> AbstractContextManager[Any]:
         return self._cond  # adds wait on it; an RLock underneath, so metrics() re-enters
@@ -337,6 +354,9 @@ class ReplayFeed(Feed):
         buffer_state = {**state["buffer"], "rng": json.loads(state["buffer"]["rng"])}
         with self._cond:
             self.buffer.load_state_dict(buffer_state)
+            if "contents_file" in state:  # `path` and `fetch`: set by the driver on resume
+                file = state["contents_file"]
+                self.buffer.load_contents(file["path"], int(file["bytes"]), file.get("fetch"))
             self.stored = int(state["stored"])
             self._checked_at = int(state["checked_at"])
             updates = self.learner.counters["updates"]

@@ -144,13 +144,18 @@ class LearnerProcess:
         with self._update_lock:
             return {**self.learner.state_dict(), **self.feed.checkpoint()}
 
-    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+    def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
-        record written with it: no update, replay add or step count between the two."""
+        record written with it: no update, replay add or step count between the two.
+        A replay buffer writes its contents to `replay_file` (`Feed.checkpoint`)."""
         with self._update_lock, self.feed.frozen(), self.learner.frozen():
             # No error raised: a run a trainer's error ended still saves its last state.
-            state = {**self.learner.state_dict(), **self.feed.checkpoint()}
+            state = {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
             return self.metrics(raise_errors=False), state
+
+    def replay_chunk(self, offset: int, size: int) -> bytes:
+        """A chunk of the replay contents a snapshot left to pull (`Feed.replay_chunk`)."""
+        return self.feed.replay_chunk(offset, size)
 
     def stop(self) -> None:
         self._stopping.set()

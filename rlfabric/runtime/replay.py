@@ -25,12 +25,18 @@ on 3-step targets after 300k updates).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from rlfabric.errors import CheckpointError
+from rlfabric.runtime.replay_files import Outbox, Pull, copy_from, read_npz, write_npz
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -97,6 +103,7 @@ class ReplayBuffer:
         self._count = np.zeros(num_envs, np.int64)
         self._capacity = capacity
         self._env_capacity = _split(capacity, num_envs)
+        self._outbox = Outbox()
 
     @classmethod
     def from_spaces(
@@ -320,7 +327,8 @@ class ReplayBuffer:
         return obs, self._ordered(self._data[action_key], width)[keep]
 
     def close(self) -> None:
-        """Nothing to release in this process (`RemoteReplayBuffer` ends its actor)."""
+        """Remove contents waiting to be pulled (`RemoteReplayBuffer` also ends its actor)."""
+        self._outbox.close()
 
     def state_dict(self, contents: bool = True) -> dict[str, Any]:
         """Parameters, RNG state and (with `contents`) the stored transitions, oldest first.
@@ -359,6 +367,71 @@ class ReplayBuffer:
             for key, array in state["data"].items():
                 self._data[key][:, :width] = np.asarray(array)
             self._count[:] = count
+
+    # -- contents as a file beside a checkpoint (runtime.replay_files) ------------------
+    def save_contents(self, target: str) -> dict[str, Any]:
+        """Write the stored transitions, oldest first, as `state_dict()` holds them, into
+        `target` if this process sees that file, else into a local one for the driver to
+        pull with `read_outbox`. Returns its size and whether it waits to be pulled."""
+        width = int(self._count.max())
+        members = {"count": ((self.num_envs,), self._count.dtype, [self._count])}
+        for key, array in self._data.items():
+            shape = (self.num_envs, width, *array.shape[2:])
+            members[key] = (shape, array.dtype, self._rows(array, width))
+        return self._outbox.save(partial(write_npz, members=members), target)
+
+    def _rows(self, array: np.ndarray, width: int) -> Iterator[np.ndarray]:
+        """Each stream's first `width` slots, oldest first, as views (a ring wraps once)."""
+        for env in range(self.num_envs):
+            start, end = int(self._start[env]), int(self._start[env]) + width
+            yield array[env, start : min(end, self._slots)]
+            if end > self._slots:
+                yield array[env, : end - self._slots]
+
+    def read_outbox(self, offset: int, size: int) -> bytes:
+        """A chunk of the contents `save_contents` left here to pull; b"" at the end."""
+        return self._outbox.read(offset, size)
+
+    def load_contents(self, path: str, nbytes: int, fetch: Pull | None = None) -> None:
+        """Fill the buffer from a `save_contents` file of `nbytes` bytes, after
+        `load_state_dict` of the same checkpoint (without contents) set its parameters.
+
+        Where this process does not see `path` (another node, no shared disk), `fetch`
+        (offset, size) -> bytes brings the file here first, in chunks."""
+        if fetch is not None and not os.path.isfile(path):
+            with tempfile.TemporaryDirectory(prefix="rlfabric-replay-") as folder:
+                local = os.path.join(folder, os.path.basename(path))
+                copy_from(fetch, local)
+                self.load_contents(local, nbytes)
+            return
+        count = np.zeros(self.num_envs, np.int64)
+        missing = {"count", *self._data}
+
+        def pieces(name: str, shape: tuple[int, ...], dtype: np.dtype) -> list[np.ndarray]:
+            if name == "count":
+                expected, out = (self.num_envs,), [count]
+            else:
+                if name not in self._data:
+                    raise ValueError(f"field {name!r} is not one this buffer stores")
+                array = self._data[name]
+                width = int(count.max())
+                if width > self._slots:
+                    raise ValueError(f"count {width} is past the buffer's {self._slots} slots")
+                expected = (self.num_envs, width, *array.shape[2:])
+                out = [array[env, :width] for env in range(self.num_envs)]
+            if shape != expected or dtype != out[0].dtype:
+                raise ValueError(
+                    f"{name} is {dtype}{list(shape)}; the buffer holds "
+                    f"{out[0].dtype}{list(expected)}"
+                )
+            missing.discard(name)
+            return out
+
+        read_npz(path, nbytes, pieces)
+        if missing:
+            raise CheckpointError(f"replay contents {path!r} lack {sorted(missing)}")
+        self._start[:] = 0
+        self._count[:] = count
 
 
 #: (min, max) capacity per algorithm, from RLx2's code defaults (`--buffer_min_size`,
