@@ -101,8 +101,9 @@ def test_sparsity_is_exact_through_updates(name: str) -> None:
     # Env runners get the masked weights as they are: zeros where the actor is masked.
     weights = agent.get_weights()
     actor = agent.sparse_trainers["actor"]
+    prefix = "actor." if name in OFF_POLICY else ""  # off-policy: the actor and normalizer
     for layer, mask in actor.masks.items():
-        assert np.all(weights[f"{layer}.weight"][~mask.numpy()] == 0)
+        assert np.all(weights[f"{prefix}{layer}.weight"][~mask.numpy()] == 0)
 
 
 @pytest.mark.parametrize("name", OFF_POLICY + ON_POLICY)

@@ -37,7 +37,6 @@ import gymnasium as gym
 import numpy as np
 from pydantic import Field
 
-from rlfabric.algorithms.base import to_tensors
 from rlfabric.algorithms.returns import discounted_returns
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -96,7 +95,7 @@ class A3C(ActorCriticAlgorithm):
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
-        b = to_tensors(batch, self.device)
+        b = self.batch_tensors(batch)
         logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         returns = discounted_returns(

@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from rlfabric.models import ModelConfig
+from rlfabric.models import ModelConfig, ObsNormalizer
 from rlfabric.sparse import SparseConfig, SparseTrainer, forward_flops, training_flops
 
 DataKind = Literal["trajectory", "replay"]
@@ -82,6 +82,9 @@ class GradientSync(Protocol):
     def reduce(self, tensors: list[Tensor]) -> None:
         """Reduce any tensors over the group, in place (e.g. RigL's grow scores)."""
 
+    def sum(self, tensors: list[Tensor]) -> None:
+        """Sum tensors over the group, in place, whatever the loss reduction (batch moments)."""
+
 
 class Algorithm(ABC):
     """Base class: registry metadata, weights and checkpoint plumbing.
@@ -113,6 +116,8 @@ class Algorithm(ABC):
         self.optimizer: torch.optim.Optimizer
         self.grad_sync: GradientSync | None = None
         """Data-parallel learners: reduces the gradients over the group before each step."""
+        self.obs_norm: ObsNormalizer | None = None
+        """The running observation statistics (`model.normalize_obs`), set by subclasses."""
         self.nonfinite_steps = 0
         """Optimizer steps skipped because a gradient was NaN or inf."""
         self.sparse_trainers: dict[str, SparseTrainer] = {}
@@ -179,6 +184,27 @@ class Algorithm(ABC):
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * scale
 
+    def update_obs_stats(self, obs: Tensor) -> None:
+        """Merge a training batch's observations into the running statistics, if any.
+
+        Every `update` calls it first, so there is one set of statistics, the learner's,
+        merged from every runner's data, which acting copies receive with the weights.
+        Data-parallel learners each see a shard: the shards' moments are summed over the
+        group, so every learner merges the whole batch and their statistics stay equal.
+        """
+        if self.obs_norm is not None:
+            self.obs_norm.update(obs, None if self.grad_sync is None else self.grad_sync.sum)
+
+    def check_obs_norm_state(self, saved: bool) -> None:
+        """Refuse a checkpoint whose `model.normalize_obs` differs from this run's."""
+        ours = self.obs_norm is not None
+        if saved != ours:
+            raise ValueError(
+                f"checkpoint was trained with model.normalize_obs={str(saved).lower()}, this "
+                f"run has model.normalize_obs={str(ours).lower()}. Resume with the model "
+                "section it was trained with"
+            )
+
     def get_weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
 
@@ -194,6 +220,7 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_sparse_state(state)
+        self.check_obs_norm_state(any(k.startswith("obs_norm.") for k in state["model"]))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.load_sparse_state(state)

@@ -15,10 +15,21 @@ used 1,000 to 10,000; its later code and CleanRL's TD3 use 25,000, which
 `algo.warmup_steps` restores for long MuJoCo runs). The networks have their
 own `hidden` field rather than the spec's `model.hidden` (whose [64, 64]
 default suits the on-policy MLPs) so that the off-policy defaults are the
-references'; of `model`, only `precision` is read ('bf16': the networks' matmuls
-run in bfloat16, see `offpolicy_networks`). Layers keep PyTorch's default init,
-as in the references. The twin critics are one module, `self.critic`, giving Q
-values `[2, B]`, evaluated as one batched ensemble unless `ensemble_critics` is off.
+references'; of `model`, only `precision` ('bf16': the networks' matmuls run in
+bfloat16, see `offpolicy_networks`) and `normalize_obs` / `obs_clip` are read.
+Layers keep PyTorch's default init, as in the references. The twin critics are
+one module, `self.critic`, giving Q values `[2, B]`, evaluated as one batched
+ensemble unless `ensemble_critics` is off.
+
+Observation normalization (`model.normalize_obs`) follows SB3's VecNormalize with
+an off-policy algorithm: the replay buffer stores raw observations, and every batch
+is normalized when sampled, with the statistics of that moment, so all networks
+(actor, critics, targets) see normalized observations in `update`, and `act` and the
+exported policy normalize first. The statistics are updated from each sampled batch
+(SB3 updates them from each new env step): a uniform sample estimates the moments of
+what the buffer holds, which is what the critics train on, and this keeps one path
+for every topology, data-parallel learners included, and for a replay buffer in its
+own actor, whose adds the learner never sees.
 
 Policies act in tanh units, [-1, 1] per dimension, and the critics see
 actions in those units too (the batch's env-unit actions are mapped back), so
@@ -43,7 +54,7 @@ from torch import Tensor, nn
 
 from rlfabric.algorithms.base import AlgoConfig, Algorithm, SparseRole
 from rlfabric.algorithms.offpolicy_networks import EnsembleQ, SeparateQ
-from rlfabric.models import ModelConfig
+from rlfabric.models import ModelConfig, build_obs_normalizer
 
 
 class OffPolicyConfig(AlgoConfig):
@@ -125,9 +136,10 @@ def frozen(module: nn.Module) -> Iterator[None]:
 class OffPolicyAlgorithm(Algorithm):
     """Replay-batch actor-critics on bounded Box actions: spaces, rescaling, optimizers, state.
 
-    `self.model` is the actor, so the inherited `get_weights`/`set_weights`
-    move exactly what an env runner needs to act; `state_dict` holds every
-    network, target, optimizer, the update counter and (SAC) the temperature.
+    `self.model` holds the actor and the observation normalizer (if any), so the
+    inherited `get_weights`/`set_weights` move exactly what an env runner needs to
+    act; `state_dict` holds every network (the normalizer too), target, optimizer,
+    the update counter and (SAC) the temperature.
     Subclasses fill `self.networks` and `self.optimizers` and implement
     `act` and `update`. Sparse roles: "actor" and "critic" (both Q networks).
     """
@@ -158,6 +170,8 @@ class OffPolicyAlgorithm(Algorithm):
         self.action_scale = (high - low) / 2
         self.action_bias = (high + low) / 2
         self.updates = 0
+        norm = build_obs_normalizer(obs_space, model_cfg)
+        self.obs_norm = None if norm is None else norm.to(self.device)
         self.networks: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
 
@@ -196,7 +210,9 @@ class OffPolicyAlgorithm(Algorithm):
         return action * self.action_scale + self.action_bias
 
     def greedy_policy(self) -> nn.Module:
-        return _GreedyActor(self.deterministic_actor(), self.action_scale, self.action_bias)
+        return _GreedyActor(
+            self.deterministic_actor(), self.obs_norm, self.action_scale, self.action_bias
+        )
 
     def deterministic_actor(self) -> nn.Module:
         """obs -> the deterministic action in tanh units (TD3's mu, SAC's tanh(mean))."""
@@ -206,12 +222,19 @@ class OffPolicyAlgorithm(Algorithm):
         """Box bounds to tanh units [-1, 1]."""
         return (action - self.action_bias) / self.action_scale
 
+    def normalize(self, obs: Tensor) -> Tensor:
+        """Observations as the networks take them: float, normalized if `model.normalize_obs`."""
+        return obs.float() if self.obs_norm is None else self.obs_norm(obs)
+
     def batch_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, Tensor]:
-        """A replay batch as float tensors on the device, actions in tanh units."""
+        """A replay batch as float tensors on the device, actions in tanh units, and the
+        observations normalized once they have updated the running statistics."""
         t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
-        t["obs"], t["next_obs"] = t["obs"].float(), t["next_obs"].float()
+        self.update_obs_stats(t["obs"])
+        t["obs"], t["next_obs"] = self.normalize(t["obs"]), self.normalize(t["next_obs"])
         if "mid_obs" in t:
-            t["mid_obs"], t["mid_discount"] = t["mid_obs"].float(), t["mid_discount"].float()
+            t["mid_obs"] = self.normalize(t["mid_obs"])
+            t["mid_discount"] = t["mid_discount"].float()
         t["action"] = self.from_env(t["action"].float())
         t["reward"], t["discount"] = t["reward"].float(), t["discount"].float()
         return t
@@ -226,10 +249,12 @@ class OffPolicyAlgorithm(Algorithm):
         module with its target (the clipped double Q of TD3, which SAC shares), and the
         actor's and critics' Adam.
 
-        Fills `model` (the actor: what env runners need), `networks` and `optimizers`.
+        Fills `model` (the actor and the observation normalizer: what env runners need),
+        `networks` (with the normalizer, for checkpoints) and `optimizers`.
         """
         critic_cls = EnsembleQ if self.cfg.ensemble_critics else SeparateQ
-        self.actor = self.model = actor.to(self.device)
+        self.actor = actor.to(self.device)
+        self.model = nn.ModuleDict({"actor": self.actor})
         self.critic = critic_cls(
             self.obs_dim, self.action_dim, self.cfg.hidden, members=2, bf16=self.bf16
         ).to(self.device)
@@ -241,6 +266,8 @@ class OffPolicyAlgorithm(Algorithm):
         }
         if actor_target:
             self.networks["actor_target"] = copy.deepcopy(self.actor)
+        if self.obs_norm is not None:
+            self.model["obs_norm"] = self.networks["obs_norm"] = self.obs_norm
         self.optimizers = {
             "actor": self.make_optimizer(self.actor),
             "critic": self.make_optimizer(self.critic),
@@ -311,6 +338,7 @@ class OffPolicyAlgorithm(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_sparse_state(state)
         saved = state["networks"]
+        self.check_obs_norm_state("obs_norm" in saved)
         if "critic" not in saved:
             raise ValueError(
                 f"checkpoint holds networks {sorted(saved)}: the separate q1/q2 critics of "
@@ -331,13 +359,19 @@ class OffPolicyAlgorithm(Algorithm):
 
 
 class _GreedyActor(nn.Module):
-    """obs -> the deterministic action in the env's units (tanh units rescaled to the box)."""
+    """obs -> the deterministic action in the env's units (tanh units rescaled to the box),
+    the observation normalized first if the algorithm normalizes."""
 
-    def __init__(self, actor: nn.Module, scale: Tensor, bias: Tensor) -> None:
+    def __init__(
+        self, actor: nn.Module, obs_norm: nn.Module | None, scale: Tensor, bias: Tensor
+    ) -> None:
         super().__init__()
         self.actor = actor
+        self.obs_norm = obs_norm
         self.register_buffer("scale", scale.clone())
         self.register_buffer("bias", bias.clone())
 
     def forward(self, obs: Tensor) -> Tensor:
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
         return self.actor(obs) * self.scale + self.bias

@@ -42,7 +42,6 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from rlfabric.algorithms.base import to_tensors
 from rlfabric.algorithms.returns import gae
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -144,7 +143,7 @@ class PPO(ActorCriticAlgorithm):
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
-        b = to_tensors(batch, self.device)
+        b = self.batch_tensors(batch)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         with torch.no_grad():
             _, values = forward(self.model, b)

@@ -108,7 +108,9 @@ class SAC(OffPolicyAlgorithm):
         deterministic: bool = False,
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """Sample from pi (deterministic: tanh(mean)); `policy_action` is tanh(mean) either way."""
-        action, _, mode = self.actor.sample(torch.as_tensor(obs, device=self.device))
+        action, _, mode = self.actor.sample(
+            self.normalize(torch.as_tensor(obs, device=self.device))
+        )
         if deterministic:
             action = mode
         extras = {"policy_action": self.to_env(mode).cpu().numpy()}

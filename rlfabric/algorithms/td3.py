@@ -88,7 +88,7 @@ class TD3(OffPolicyAlgorithm):
 
         `policy_action` is mu(s) itself, which RLx2's policy distance compares with.
         """
-        mu = self.actor(torch.as_tensor(obs, device=self.device))
+        mu = self.actor(self.normalize(torch.as_tensor(obs, device=self.device)))
         action = mu
         if not deterministic:
             noise = torch.randn_like(mu) * self.cfg.exploration_noise

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig
+from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
 from rlfabric.models import ActorCritic, ModelConfig
 
 
@@ -123,6 +123,7 @@ class ActorCriticAlgorithm(Algorithm):
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
         self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
+        self.obs_norm = self.model.obs_norm
         params = self.model.parameters()
         if cfg.optimizer == "rmsprop":
             # torch adds eps outside the square root, TF1 (scalable_agent, GA3C) inside it
@@ -161,6 +162,16 @@ class ActorCriticAlgorithm(Algorithm):
 
     def greedy_policy(self) -> torch.nn.Module:
         return _GreedyActorCritic(self.model)
+
+    def batch_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        """A trajectory batch as tensors on the device, once its observations have updated
+        the running statistics (`model.normalize_obs`; the model normalizes inside).
+
+        `obs[:T]` only: `obs[T]` bootstraps here and is the next unroll's `obs[0]`.
+        """
+        b = to_tensors(batch, self.device)
+        self.update_obs_stats(b["obs"][:-1])
+        return b
 
     def initial_state(self, num_envs: int) -> np.ndarray | None:
         if not self.model.recurrent:

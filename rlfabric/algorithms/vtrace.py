@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from rlfabric.algorithms.base import to_tensors
 from rlfabric.algorithms.returns import vtrace
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -68,7 +67,7 @@ class VTrace(ActorCriticAlgorithm):
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
-        b = to_tensors(batch, self.device)
+        b = self.batch_tensors(batch)
         logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         log_rhos = logp.detach() - b["logp"]

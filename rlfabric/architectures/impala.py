@@ -107,6 +107,11 @@ class ImpalaEnvRunner(RayEnvRunner):
         extras["policy_version"] = np.full(len(action), self.version, np.int64)
         return action, extras, state
 
+    def policy_weights(self) -> list[Any]:
+        """[version, the weights this runner acts with]: the learner's of that version,
+        observation statistics included (for tests and debugging)."""
+        return [self.version, self.algorithm.get_weights()]
+
     def _sync_weights(self, learner: Any) -> None:
         version, ref = call(learner.weights.remote(), "the learner")
         if version != self.version:

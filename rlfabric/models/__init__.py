@@ -2,5 +2,12 @@
 
 from rlfabric.models.actor_critic import ActorCritic, UnsupportedSpaceError
 from rlfabric.models.config import ModelConfig
+from rlfabric.models.normalization import ObsNormalizer, build_obs_normalizer
 
-__all__ = ["ActorCritic", "ModelConfig", "UnsupportedSpaceError"]
+__all__ = [
+    "ActorCritic",
+    "ModelConfig",
+    "ObsNormalizer",
+    "UnsupportedSpaceError",
+    "build_obs_normalizer",
+]

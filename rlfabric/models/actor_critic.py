@@ -16,6 +16,7 @@ from rlfabric.models.networks import (
     init_layer,
     is_image_space,
 )
+from rlfabric.models.normalization import build_obs_normalizer
 
 
 class UnsupportedSpaceError(ValueError):
@@ -52,7 +53,11 @@ def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) ->
 
 
 class ActorCritic(nn.Module):
-    """Torso, an optional LSTM core, a policy head and a value head.
+    """An optional observation normalizer, torso, optional LSTM core, policy and value heads.
+
+    With `model.normalize_obs` the observation is normalized by running statistics
+    (`models.normalization`) before both torsos, as Sample Factory's normalizer sits at
+    the front of its model: the model takes observations as the env gives them.
 
     With `shared_torso=False` the value head sits on its own MLP torso of the same
     shape, as CleanRL's `ppo_continuous_action.py` keeps separate actor and critic
@@ -68,6 +73,7 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, cfg: ModelConfig) -> None:
         super().__init__()
         self.torso = build_torso(obs_space, cfg)
+        self.obs_norm = build_obs_normalizer(obs_space, cfg)
         self.value_torso: nn.Module | None = None
         if not cfg.shared_torso:
             if not isinstance(self.torso, MLP) or cfg.lstm:
@@ -112,6 +118,8 @@ class ActorCritic(nn.Module):
         state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         time, batch = obs.shape[:2]
+        if self.obs_norm is not None:  # in float32, before any autocast
+            obs = self.obs_norm(obs)
         flat = obs.reshape(time * batch, *obs.shape[2:])
         # Mixed precision stops at the torso: core, heads, losses and targets stay float32.
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=self.bf16):

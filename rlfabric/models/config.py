@@ -34,6 +34,18 @@ class ModelConfig(BaseModel):
         "autocast (as SEED RL on TPUs): about 2x faster convolutions and matmuls on CPUs with "
         "AVX512-BF16 or AMX, and on GPUs; slower on CPUs without them",
     )
+    normalize_obs: bool = Field(
+        False,
+        description="normalize vector observations by their running mean and variance, as SB3's "
+        "VecNormalize (the RL Zoo's `normalize`): one set of statistics, updated by the learner "
+        "from each training batch and carried with the weights; not for image observations",
+    )
+    obs_clip: float = Field(
+        10.0,
+        gt=0,
+        description="normalized observations are clipped to [-obs_clip, obs_clip] "
+        "(VecNormalize's clip_obs); read only with normalize_obs",
+    )
     log_std_init: float = Field(
         0.0, description="initial log standard deviation of the Gaussian head (continuous actions)"
     )

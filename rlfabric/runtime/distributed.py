@@ -60,12 +60,20 @@ class GradientAllReduce:
 
         Every learner must call it with the same shapes in the same order (collective).
         """
+        self._all_sum(tensors, self.world_size if self.reduction == "mean" else 1)
+
+    def sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sum `tensors` over the group in place, in one message, whatever the reduction
+        (batch moments: `models.ObsNormalizer.update`). A collective, as `reduce`."""
+        self._all_sum(tensors, 1)
+
+    def _all_sum(self, tensors: list[torch.Tensor], divide_by: int) -> None:
         if not tensors:
             return
         flat = torch.cat([t.reshape(-1) for t in tensors])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        if self.reduction == "mean":
-            flat /= self.world_size
+        if divide_by != 1:
+            flat /= divide_by
         offset = 0
         for tensor in tensors:
             tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
