@@ -28,7 +28,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,12 @@ def summarize(name: str, repro: Reproduction, folders: list[Path]) -> dict[str, 
             spec, algorithm = load_policy(folder)
             entry["eval_return"] = evaluate(algorithm, spec.env, 10).mean
         per_seed.append(entry)
-    result: dict[str, Any] = {"name": name, "reference": repro.reference, "curves": curves}
+    result: dict[str, Any] = {
+        "name": name,
+        "reference": repro.reference,
+        "overrides": repro.overrides,
+        "curves": curves,
+    }
     if repro.kind == "atari":
         result.update(per_seed[0] if len(per_seed) == 1 else {"per_seed": per_seed})
         finals = [s["final_return"] for s in per_seed]
@@ -189,6 +194,14 @@ def main() -> int:
         type=int,
         help="a shorter budget, for a smoke check: results then go to --logdir, not results/",
     )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="spec overrides on top of the reproduction's (e.g. model.precision=fp32 on a CPU "
+        "without AVX512-BF16); pass the same ones when resuming. The result records them",
+    )
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
     args = parser.parse_args()
     if args.list or not args.names:
@@ -201,6 +214,7 @@ def main() -> int:
     missed = []
     for name in args.names:
         repro = REPRODUCTIONS[name]
+        repro = replace(repro, overrides=[*repro.overrides, *args.set])
         frames = args.frames or repro.env_frames
         folders = [
             run_seed(name, repro, s, args.logdir, args.checkpoint_s, frames) for s in args.seeds
