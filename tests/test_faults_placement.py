@@ -38,8 +38,9 @@ def test_env_runners_waiting_for_cpus_fail_within_the_start_timeout(ray_session)
     blocker = placement_group([{"CPU": 1}])  # holds one of the session's two CPUs
     ray_session.get(blocker.ready(), timeout=30)
     try:
+        pool = RunnerPool(platform.spec, platform.env_info, SeedEnvRunner, None, seed=0)
         with pytest.raises(RLFabricError) as err:
-            RunnerPool(platform.spec, platform.env_info, SeedEnvRunner, None, seed=0)
+            pool.wait_started()
     finally:
         remove_placement_group(blocker)
     assert "1 of 1 env runner actor(s) did not start within 1 s" in str(err.value)

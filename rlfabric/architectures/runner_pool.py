@@ -159,12 +159,18 @@ class RunnerPool:
         self.heartbeats: dict[int, tuple[int, float]] = {}
         for index in range(spec.resources.num_env_runners):
             self._launch(index)
+
+    def wait_started(self) -> None:
+        """Return once every runner's constructor ran; else kill them all and raise."""
         try:
             wait_until_started(
-                list(self.runners.values()), "env runner", {"CPU": cpus}, spec.run.start_timeout_s
+                list(self.runners.values()),
+                "env runner",
+                {"CPU": runner_cpus(self.spec)},
+                self.spec.run.start_timeout_s,
             )
         except Exception:
-            self.stop(wait_s=0)  # the architecture holds no pool yet to stop
+            self.stop(wait_s=0)
             raise
 
     def _launch(self, index: int) -> None:

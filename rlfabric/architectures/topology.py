@@ -138,16 +138,32 @@ class LearnerAndRunners(Architecture):
             max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
         )
         budget = self.stop_conditions.env_frames
+        seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
         with replay_contents_served(state) as learner_state:
             self.learner = learner_cls.remote(spec, self.env_info, budget, learner_state)
-            wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
+            if self.learner_group is None:
+                # No data-parallel peers to join first: the runners' processes start
+                # (import, make their envs) while the learner's does, not after it; their
+                # first calls wait in the learner's queue. Seconds off every start.
+                self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+            try:
+                wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
+            except Exception:
+                if hasattr(self, "runners"):  # they would wait for a learner that never came
+                    self.runners.stop(wait_s=0)
+                    del self.runners
+                raise
         if self.learner_group is not None:
             self.workers = start_workers(
                 spec, self.env_info, budget, self.learner, self.learner_group, gpus
             )
             self._worker_exits = [worker.watch.remote() for worker in self.workers]
-        seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
-        self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+            self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
+        try:
+            self.runners.wait_started()
+        except Exception:
+            del self.runners  # stopped: the architecture's stop() has none left to stop
+            raise
         self._start_autotune()
 
     def step(self) -> dict[str, float]:
