@@ -71,7 +71,7 @@ class LocalArchitecture(Architecture):
 
     def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         # One thread: nothing moves in between.
-        return self._metrics(), {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
+        return self._metrics(), self.get_state(replay_file)
 
     def replay_chunk(self, offset: int, size: int) -> bytes:
         return self.feed.replay_chunk(offset, size)
@@ -98,8 +98,8 @@ class LocalArchitecture(Architecture):
     def policy_weights(self) -> dict[str, Any]:
         return self.learner.algorithm.get_weights()
 
-    def get_state(self) -> dict[str, Any]:
-        return {**self.learner.state_dict(), **self.feed.checkpoint()}
+    def get_state(self, replay_file: str | None = None) -> dict[str, Any]:
+        return {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
 
     def stop(self) -> None:
         if hasattr(self, "runner"):

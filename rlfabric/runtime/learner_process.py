@@ -140,9 +140,9 @@ class LearnerProcess:
         """This process's warnings since the last call, for the driver to log."""
         return self.warnings.take()
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, replay_file: str | None = None) -> dict[str, Any]:
         with self._update_lock:
-            return {**self.learner.state_dict(), **self.feed.checkpoint()}
+            return {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
 
     def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
@@ -150,7 +150,7 @@ class LearnerProcess:
         A replay buffer writes its contents to `replay_file` (`Feed.checkpoint`)."""
         with self._update_lock, self.feed.frozen(), self.learner.frozen():
             # No error raised: a run a trainer's error ended still saves its last state.
-            state = {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
+            state = self.get_state(replay_file)  # the update lock is reentrant
             return self.metrics(raise_errors=False), state
 
     def replay_chunk(self, offset: int, size: int) -> bytes:
