@@ -66,6 +66,14 @@ def test_names_only_get_the_family_preset():
     assert ExperimentSpec.build({"algo": "vtrace", "env": "ALE/Pong-v5"}).algo.lr == 6e-4
 
 
+@pytest.mark.parametrize("algo", ["vtrace", "a3c", "ppo"])
+def test_atari_names_only_clip_rewards_as_the_references(algo):
+    # IMPALA, GA3C and CleanRL clip Atari rewards; the algorithms do not clip by default,
+    # so the Atari preset must, and no other family does.
+    assert ExperimentSpec.build({"algo": algo, "env": "ALE/Pong-v5"}).algo.reward_clip == 1.0
+    assert ExperimentSpec.build({"algo": algo, "env": "CartPole-v1"}).algo.reward_clip is None
+
+
 def test_preset_none_gives_the_paper_defaults():
     spec = ExperimentSpec.build({"algo": "vtrace", "preset": "none"})
     assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop", 6e-4, 20)
