@@ -4,6 +4,8 @@ float32 weights and exact masks, and learners default to their CPU share of thre
 
 from __future__ import annotations
 
+import pathlib
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -235,3 +237,36 @@ def test_learner_threads_default_to_its_cpu_share() -> None:
     assert ResourcesConfig(learner_cpus=0.25).learner_threads == 1
     set_by_user = ResourcesConfig(learner_cpus=2.0, torch_threads=3)
     assert set_by_user.learner_threads == set_by_user.runner_threads == 3
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_bf16_only_where_the_device_has_it(monkeypatch, native: bool) -> None:
+    # 'auto' asks the device: emulated bf16 (CPUs without AVX512-BF16/AMX) is about 3x
+    # slower than fp32, so there it must mean fp32, for both model families.
+    from rlfabric.models import ActorCritic
+    from rlfabric.models import config as model_config
+
+    monkeypatch.setattr(model_config, "native_bf16", lambda device_type: native)
+    assert model_config.runs_bf16("auto", torch.device("cpu")) is native
+    assert model_config.runs_bf16("bf16", torch.device("cpu")) is True
+    assert model_config.runs_bf16("fp32", torch.device("cpu")) is False
+    cls = ALGORITHMS["sac"]
+    sac = cls(cls.config_cls(hidden=[64, 64]), OBS, ACT, ModelConfig(precision="auto"))
+    assert sac.bf16 is native
+    model = ActorCritic(OBS, gym.spaces.Discrete(3), ModelConfig(precision="auto"))
+    seen: list[torch.dtype] = []
+    model.torso.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    model(torch.zeros(1, 4, 5))
+    assert seen == [torch.bfloat16 if native else torch.float32]
+
+
+def test_native_bf16_reads_this_cpu_flags() -> None:
+    from rlfabric.models.config import native_bf16
+
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo (not Linux): auto precision reads fp32 there")
+    flags = cpuinfo.read_text()
+    expected = "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
+    assert native_bf16("cpu") is expected
+    assert native_bf16("mps") is False

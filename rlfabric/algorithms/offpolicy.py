@@ -55,6 +55,7 @@ from torch import Tensor, nn
 from rlfabric.algorithms.base import AlgoConfig, Algorithm, SparseRole
 from rlfabric.algorithms.offpolicy_networks import EnsembleQ, SeparateQ
 from rlfabric.models import ModelConfig, build_obs_normalizer
+from rlfabric.models.config import runs_bf16
 
 
 class OffPolicyConfig(AlgoConfig):
@@ -242,7 +243,7 @@ class OffPolicyAlgorithm(Algorithm):
     @property
     def bf16(self) -> bool:
         """Whether the networks' matmuls run under bfloat16 autocast (`model.precision`)."""
-        return self.model_cfg.precision == "bf16"
+        return runs_bf16(self.model_cfg.precision, self.device)
 
     def build_networks(self, actor: nn.Module, actor_target: bool = False) -> None:
         """The actor (a target copy of it too, for TD3), the twin critics Q1, Q2 as one

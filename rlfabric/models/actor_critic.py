@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfabric.models.config import ModelConfig
+from rlfabric.models.config import ModelConfig, runs_bf16
 from rlfabric.models.networks import (
     MLP,
     CategoricalHead,
@@ -91,7 +91,7 @@ class ActorCritic(nn.Module):
         self.policy = build_policy_head(width, action_space, cfg)
         value_width = width if self.value_torso is None else self.value_torso.out_dim
         self.value = init_layer(nn.Linear(value_width, 1), gain=1.0)
-        self.bf16 = cfg.precision == "bf16"
+        self.precision = cfg.precision
         self.state_size = cfg.lstm
 
     @property
@@ -122,7 +122,8 @@ class ActorCritic(nn.Module):
             obs = self.obs_norm(obs)
         flat = obs.reshape(time * batch, *obs.shape[2:])
         # Mixed precision stops at the torso: core, heads, losses and targets stay float32.
-        with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        bf16 = runs_bf16(self.precision, obs.device)
+        with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16):
             features = self.torso(flat)
             value_features = features if self.value_torso is None else self.value_torso(flat)
         features = features.float()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -28,11 +32,13 @@ class ModelConfig(BaseModel):
         description="policy and value share the torso; false: the value gets its own MLP "
         "(CleanRL's continuous PPO); MLP torsos without an LSTM only",
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         "fp32",
         description="'bf16' runs the torso (SAC/TD3: every network's matmuls) under bfloat16 "
         "autocast (as SEED RL on TPUs): about 2x faster convolutions and matmuls on CPUs with "
-        "AVX512-BF16 or AMX, and on GPUs; slower on CPUs without them",
+        "AVX512-BF16 or AMX, and on GPUs; about 3x slower on CPUs without them, which emulate "
+        "it. 'auto': bf16 where the device has it natively, fp32 elsewhere (decided by each "
+        "process for its own device, so one spec suits a laptop and a GPU cluster)",
     )
     normalize_obs: bool = Field(
         False,
@@ -56,3 +62,25 @@ class ModelConfig(BaseModel):
         if not sizes or any(s <= 0 for s in sizes):
             raise ValueError(f"hidden sizes must be a non-empty list of positive ints, got {sizes}")
         return sizes
+
+
+def runs_bf16(precision: str, device: torch.device) -> bool:
+    """Whether a model of `model.precision` runs bfloat16 autocast on `device`."""
+    if precision == "auto":
+        return native_bf16(device.type)
+    return precision == "bf16"
+
+
+@functools.cache
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` computes bfloat16 natively: a GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX (Linux flags). Elsewhere oneDNN emulates bf16 at about 3x fp32's cost."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device_type != "cpu":
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
