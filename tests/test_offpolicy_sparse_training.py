@@ -120,3 +120,29 @@ def test_sparsity_wraps_an_on_policy_model_too(tmp_path):
     assert m["sparsity_actor"] == pytest.approx(0.9, abs=0.001)
     assert m["inference_flops_fraction"] == pytest.approx(0.1, abs=0.01)
     assert m["episode_return_mean"] > 3 * 22.0  # random CartPole: 22
+
+
+@pytest.mark.parametrize("arch", ["seed", "impala"])
+def test_td3_ou_exploration_is_carried_where_inference_or_actors_act(tmp_path, ray_session, arch):
+    """The per-env noise lives with inference (SEED) or in the actors (IMPALA), carried from
+    step to step: within Pendulum's 200-step episodes it wanders far from mu(s), where
+    independent draws of the same sigma * sqrt(dt) would stay near it."""
+    algo = {"name": "td3", **FAST, "warmup_steps": 300, "exploration": "ou"}
+    # dynamic_buffer stores mu(s) beside each action (RLx2's policy distance).
+    algo |= {"exploration_noise": 0.5, "dynamic_buffer": True, "buffer_check_every": 10**6}
+    result = _fit(tmp_path, arch, algo, 1_200)
+    replay = load_checkpoint(Path(result.checkpoint))["replay"]
+    with np.load(replay["contents_file"]["path"]) as contents:
+        stored = contents["count"]
+        noise = np.concatenate(
+            [
+                (contents["action"] - contents["policy_action"])[env, :n]
+                for env, n in enumerate(stored)
+            ]
+        )
+    # RMS noise in env units (half range 2): about 0.85 carried (0.75 of the steps after the
+    # warm-up, OU from 0 at each episode start); 0.09 if each step started from 0.
+    rms = float(np.sqrt(np.mean(noise**2)))
+    assert rms > 0.3, rms
+    _, policy = load_policy(result.logdir)  # the greedy policy carries no noise state
+    assert evaluate(policy, Platform(env=PENDULUM).spec.env, episodes=1).returns

@@ -305,3 +305,61 @@ def test_sac_learns_pendulum(one_thread: None) -> None:
 def test_td3_learns_pendulum(one_thread: None) -> None:
     returns = pendulum_returns("td3", 8000)
     assert np.mean(returns[-4:]) > -900, returns
+
+
+def test_td3_ou_noise_is_carried_per_env_and_restarts_with_episodes() -> None:
+    # SB3's OrnsteinUhlenbeckActionNoise: x' = x - theta x dt + sigma sqrt(dt) N(0, 1).
+    algo = make(TD3, exploration="ou", exploration_noise=0.3, ou_theta=0.5, ou_dt=0.1)
+    assert algo.initial_state(3) is None  # the greedy policy has no memory
+    x = algo.acting_state(3)
+    assert x.shape == (3, 2) and not x.any()
+    obs = np.zeros((3, 3), np.float32)
+    first = np.array([True, False, False])
+    state = np.full((3, 2), 0.2, np.float32)
+    torch.manual_seed(7)
+    mu = algo.actor(torch.as_tensor(obs))
+    action, extras, next_state = algo.act(obs, state, first)
+    torch.manual_seed(7)
+    algo.actor(torch.as_tensor(obs))
+    eps = torch.randn_like(mu).numpy()
+    start = np.where(first[:, None], 0.0, state)
+    expected = start * (1 - 0.5 * 0.1) + 0.3 * np.sqrt(0.1) * eps
+    np.testing.assert_allclose(next_state, expected, rtol=1e-5, atol=1e-6)
+    scaled = np.clip(mu.detach().numpy() + expected, -1.0, 1.0)
+    np.testing.assert_allclose(action, algo.to_env(torch.as_tensor(scaled)).numpy(), atol=1e-5)
+    np.testing.assert_allclose(extras["policy_action"], algo.to_env(mu).detach().numpy())
+    # The greedy action neither adds nor advances the noise.
+    greedy, _, kept = algo.act(obs, next_state, first, deterministic=True)
+    assert kept is next_state
+    np.testing.assert_allclose(greedy, extras["policy_action"])
+
+
+def test_td3_gaussian_noise_keeps_no_state_and_ou_noise_persists() -> None:
+    gaussian = make(TD3)
+    assert gaussian.acting_state(2) is None
+    assert gaussian.act(np.zeros((2, 3), np.float32))[2] is None
+    # Carried through the architectures' per-env states, OU noise is correlated in time:
+    # with a slow reversion, after 10 steps the next step's noise is mostly this step's
+    # (correlation about sqrt(10 / 11); seeded, so the draw is fixed).
+    from rlfabric.runtime.acting import RecurrentStates, act_on_requests
+
+    algo = make(TD3, exploration="ou", exploration_noise=0.5)
+    states = RecurrentStates(algo.acting_state)
+    request = {"key": (0, 0), "run_id": "a", "obs": np.zeros((64, 3), np.float32)}
+    noise = []
+    for t in range(11):
+        request["is_first"] = np.full(64, t == 0)
+        act_on_requests(algo.act, states, [request])
+        noise.append(states.get(request).copy())
+    correlation = np.corrcoef(noise[-2].ravel(), noise[-1].ravel())[0, 1]
+    assert correlation > 0.85, correlation
+    # A restarted runner (new run id) starts from fresh noise.
+    assert not states.get({**request, "run_id": "b"}).any()
+    # A group seen for the first time batches with one that has noise (SEED stacks the
+    # requests of several groups): each keeps its own, the new one from zero.
+    other = {"key": (0, 1), "run_id": "a", "obs": np.zeros((64, 3), np.float32)}
+    other["is_first"] = request["is_first"] = np.zeros(64, bool)
+    before = states.get(request).copy()
+    acted = act_on_requests(algo.act, states, [request, other])
+    np.testing.assert_array_equal(acted[0].state, before)
+    assert not acted[1].state.any()

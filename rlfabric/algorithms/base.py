@@ -156,6 +156,12 @@ class Algorithm(ABC):
         """The recurrent state of fresh envs, or None if the policy has no memory."""
         return None
 
+    def acting_state(self, num_envs: int) -> np.ndarray | None:
+        """What sampling carries per env besides the policy's memory (e.g. TD3's
+        Ornstein-Uhlenbeck noise): the state the architectures keep for each env and pass
+        to `act`. The greedy policy (evaluation, export) keeps only `initial_state`."""
+        return self.initial_state(num_envs)
+
     @abstractmethod
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """One learning step on a batch (see ARCHITECTURE.md's Batch contract)."""

@@ -9,6 +9,7 @@ the action half range), actor and target updates every 2 critic updates.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Literal
 
@@ -27,8 +28,16 @@ from rlfabric.models import ModelConfig
 class TD3Config(OffPolicyConfig):
     name: Literal["td3"] = Field("td3", description="registered algorithm name")
     exploration_noise: float = Field(
-        0.1, ge=0, description="std of the Gaussian acting noise, in half ranges"
+        0.1, ge=0, description="std (sigma) of the acting noise, in half ranges"
     )
+    exploration: Literal["gaussian", "ou"] = Field(
+        "gaussian",
+        description="acting noise: 'gaussian', independent per step (the paper), or 'ou', an "
+        "Ornstein-Uhlenbeck process per env, reset at episode starts (DDPG; the RL Zoo's "
+        "choice where exploration must persist, e.g. MountainCarContinuous)",
+    )
+    ou_theta: float = Field(0.15, gt=0, description="'ou' mean reversion rate (SB3: 0.15)")
+    ou_dt: float = Field(0.01, gt=0, description="'ou' time step (SB3: 1e-2)")
     policy_noise: float = Field(
         0.2, ge=0, description="std of the target policy smoothing noise, in half ranges"
     )
@@ -76,6 +85,12 @@ class TD3(OffPolicyAlgorithm):
         """One actor step every `policy_freq` updates (RLx2 `TD3.py`: actor T_end / policy_freq)."""
         return Fraction(1, self.cfg.policy_freq)
 
+    def acting_state(self, num_envs: int) -> np.ndarray | None:
+        """Each env's Ornstein-Uhlenbeck noise `[N, action_dim]` (zero), with `exploration: ou`."""
+        if self.cfg.exploration != "ou":
+            return None
+        return np.zeros((num_envs, self.action_dim), np.float32)
+
     @torch.no_grad()
     def act(
         self,
@@ -84,17 +99,30 @@ class TD3(OffPolicyAlgorithm):
         first: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-        """mu(s) plus N(0, exploration_noise) clipped to the bounds (Fujimoto's `TD3.py` main loop).
+        """mu(s) plus noise, clipped to the bounds (Fujimoto's `TD3.py` main loop).
 
+        The noise is N(0, exploration_noise), or with `exploration: ou` each env's
+        Ornstein-Uhlenbeck process x' = x - theta x dt + sigma sqrt(dt) N(0, 1) (SB3's
+        `OrnsteinUhlenbeckActionNoise`), carried in `state` and restarted from 0 where
+        `first` marks an episode start; the greedy action leaves it as it is.
         `policy_action` is mu(s) itself, which RLx2's policy distance compares with.
         """
+        cfg = self.cfg
         mu = self.actor(self.normalize(torch.as_tensor(obs, device=self.device)))
-        action = mu
-        if not deterministic:
-            noise = torch.randn_like(mu) * self.cfg.exploration_noise
+        action, next_state = mu, state
+        if not deterministic and cfg.exploration == "ou":
+            x = torch.zeros_like(mu) if state is None else torch.as_tensor(state, device=mu.device)
+            if first is not None:
+                x = torch.where(torch.as_tensor(first, device=mu.device)[:, None], 0.0, x)
+            x = x * (1.0 - cfg.ou_theta * cfg.ou_dt) + cfg.exploration_noise * math.sqrt(
+                cfg.ou_dt
+            ) * torch.randn_like(mu)
+            action, next_state = (mu + x).clamp(-1.0, 1.0), x.cpu().numpy()
+        elif not deterministic:
+            noise = torch.randn_like(mu) * cfg.exploration_noise
             action = (mu + noise).clamp(-1.0, 1.0)
         extras = {"policy_action": self.to_env(mu).cpu().numpy()}
-        return self.to_env(action).cpu().numpy(), extras, None
+        return self.to_env(action).cpu().numpy(), extras, next_state
 
     @torch.no_grad()
     def target(self, reward: Tensor, next_obs: Tensor, discount: Tensor, noise: Tensor) -> Tensor:

@@ -90,7 +90,7 @@ class GA3CLearner(LearnerProcess):
             queue_metric="training_queue",
             **learner_options(spec),
         )
-        self.states = RecurrentStates(self.learner.algorithm.initial_state)
+        self.states = RecurrentStates(self.learner.algorithm.acting_state)
         self.acted = ActedLedger()
         self.server = InferenceServer(
             self._predict,

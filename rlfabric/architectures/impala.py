@@ -90,7 +90,7 @@ class ImpalaEnvRunner(RayEnvRunner):
         super().__init__(spec, env_info, index, seed)
         self.algorithm = make_algorithm(spec, env_info, None, "cpu", sparse=False)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
-        self.states = RecurrentStates(self.algorithm.initial_state)
+        self.states = RecurrentStates(self.algorithm.acting_state)
         self.version = -1
         # A replay algorithm's warm-up: random actions until the learner's first update.
         self.explore = (

@@ -39,7 +39,7 @@ class LocalArchitecture(Architecture):
             self.learner.load_state_dict(state)
         seed = spec.run.seed + self.learner.counters["agent_steps"]  # resumed runs see new episodes
         self.runner = EnvRunner(spec.env, index=0, seed=seed)
-        self.states = RecurrentStates(self.learner.algorithm.initial_state)
+        self.states = RecurrentStates(self.learner.algorithm.acting_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         # One process: an unbounded queue, drained right after each unroll.
         self.feed = make_feed(

@@ -63,7 +63,7 @@ class SeedLearner(LearnerProcess):
             capacity=cfg.queue_capacity,
             **learner_options(spec),
         )
-        self.states = RecurrentStates(self.learner.algorithm.initial_state)
+        self.states = RecurrentStates(self.learner.algorithm.acting_state)
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.server = InferenceServer(
             self._infer_batch,
