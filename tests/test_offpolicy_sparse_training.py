@@ -31,9 +31,10 @@ def _records(result) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_seed_learns_pendulum(tmp_path, ray_session, algo):
-    result = _fit(tmp_path, "seed", {"name": algo, **FAST}, 8_000)
+def test_seed_learns_pendulum(tmp_path, ray_session):
+    # SAC only: TD3 shares this replay path (its own learning is tests/test_sac_td3.py's, its
+    # runs under impala and ga3c are below), and a second 8k-step run costs a minute.
+    result = _fit(tmp_path, "seed", {"name": "sac", **FAST}, 8_000)
     m = result.metrics
     # One update per stored transition after the warm-up, within one unroll per group.
     assert m["updates"] <= m["replay_stored"] - 1000
@@ -122,15 +123,15 @@ def test_sparsity_wraps_an_on_policy_model_too(tmp_path):
     assert m["episode_return_mean"] > 3 * 22.0  # random CartPole: 22
 
 
-@pytest.mark.parametrize("arch", ["seed", "impala"])
-def test_td3_ou_exploration_is_carried_where_inference_or_actors_act(tmp_path, ray_session, arch):
-    """The per-env noise lives with inference (SEED) or in the actors (IMPALA), carried from
-    step to step: within Pendulum's 200-step episodes it wanders far from mu(s), where
-    independent draws of the same sigma * sqrt(dt) would stay near it."""
+def test_td3_ou_exploration_is_carried_in_impala_actors(tmp_path, ray_session):
+    """The per-env noise lives in the actors under IMPALA (with inference under SEED and
+    GA3C, the same `RecurrentStates`: tests/test_sac_td3.py), carried from step to step:
+    within Pendulum's 200-step episodes it wanders far from mu(s), where independent draws
+    of the same sigma * sqrt(dt) would stay near it."""
     algo = {"name": "td3", **FAST, "warmup_steps": 300, "exploration": "ou"}
     # dynamic_buffer stores mu(s) beside each action (RLx2's policy distance).
     algo |= {"exploration_noise": 0.5, "dynamic_buffer": True, "buffer_check_every": 10**6}
-    result = _fit(tmp_path, arch, algo, 1_200)
+    result = _fit(tmp_path, "impala", algo, 1_200)
     replay = load_checkpoint(Path(result.checkpoint))["replay"]
     with np.load(replay["contents_file"]["path"]) as contents:
         stored = contents["count"]
