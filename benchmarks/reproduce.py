@@ -13,6 +13,7 @@ done, the script writes `benchmarks/results/<name>.json` and `<name>.png`
     python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1   # 300k agent steps, eval >= 5000
     python benchmarks/reproduce.py hopper_td3 --seeds 0 1
     python benchmarks/reproduce.py --list
+    python benchmarks/reproduce.py --progress RUN_DIR [RUN_DIR ...]  # any runs, also unfinished
 
 Pong (`ALE/Pong-v5`, sticky actions, frameskip 4) reports the 100-episode mean
 return at the end (`final_return`), the env frames, and the first env frame
@@ -165,6 +166,30 @@ def summarize(name: str, repro: Reproduction, folders: list[Path]) -> dict[str, 
     return result
 
 
+#: The frame counts at which `--progress` reads a run's curve.
+PROGRESS_MARKS = (1e6, 2e6, 3e6, 4e6, 6e6, 8e6, 10e6, 15e6, 20e6)
+
+
+def progress(folder: Path) -> str:
+    """One table row for a run folder, finished or not: the window's mean return and the
+    policy entropy at the first record at or past each mark, then where the run is."""
+    records = read_records(folder / "metrics.jsonl")
+    cells = []
+    for mark in PROGRESS_MARKS:
+        reached = [r for r in records if r["env_frames"] >= mark and "episode_return_mean" in r]
+        if not reached:
+            break
+        entropy = [r["entropy"] for r in records if r["env_frames"] <= mark and "entropy" in r]
+        cell = f"{mark / 1e6:.0f}M {reached[0]['episode_return_mean']:.2f}"
+        cells.append(cell + (f" (H {entropy[-1]:.2f})" if entropy else ""))
+    last = records[-1]
+    end = (
+        f"end {int(last['env_frames']):,} frames, {int(last['updates']):,} updates, "
+        f"return {last.get('episode_return_mean', float('nan')):.2f}"
+    )
+    return f"{folder.name}: " + " | ".join([*cells, end])
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
 
@@ -203,7 +228,19 @@ def main() -> int:
         "without AVX512-BF16); pass the same ones when resuming. The result records them",
     )
     parser.add_argument("--list", action="store_true", help="list the reproductions and exit")
+    parser.add_argument(
+        "--progress",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="print each run folder's return and entropy at 1M, 2M, ... frames and exit "
+        "(reads metrics.jsonl only: also runs still going, and runs of any spec)",
+    )
     args = parser.parse_args()
+    if args.progress:
+        for folder in args.progress:
+            print(progress(folder))
+        return 0
     if args.list or not args.names:
         for name, repro in REPRODUCTIONS.items():
             print(f"{name:<20} {repro.env_frames:>12,} frames  {repro.reference}")

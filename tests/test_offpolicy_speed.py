@@ -4,8 +4,6 @@ float32 weights and exact masks, and learners default to their CPU share of thre
 
 from __future__ import annotations
 
-import pathlib
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -260,13 +258,13 @@ def test_auto_precision_is_bf16_only_where_the_device_has_it(monkeypatch, native
     assert seen == [torch.bfloat16 if native else torch.float32]
 
 
-def test_native_bf16_reads_this_cpu_flags() -> None:
-    from rlfabric.models.config import native_bf16
+def test_native_bf16_reads_the_cpu_flags_line() -> None:
+    from rlfabric.models.config import cpu_flags_have_bf16, native_bf16
 
-    cpuinfo = pathlib.Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("no /proc/cpuinfo (not Linux): auto precision reads fp32 there")
-    flags = cpuinfo.read_text()
-    expected = "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
-    assert native_bf16("cpu") is expected
+    line = "flags\t\t: fpu sse avx512f avx512bw avx512_vnni"
+    assert not cpu_flags_have_bf16(f"processor\t: 0\n{line}\n")  # this machine's kind
+    assert cpu_flags_have_bf16(f"processor\t: 0\n{line} avx512_bf16\n")
+    assert cpu_flags_have_bf16(f"{line} amx_bf16 amx_tile\n")
+    assert not cpu_flags_have_bf16("model name\t: avx512_bf16 engineering sample\n")
+    assert not cpu_flags_have_bf16(f"{line} avx512_bf16x\n")
     assert native_bf16("mps") is False

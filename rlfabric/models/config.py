@@ -80,7 +80,12 @@ def native_bf16(device_type: str) -> bool:
     if device_type != "cpu":
         return False
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
+        return cpu_flags_have_bf16(Path("/proc/cpuinfo").read_text())
     except OSError:
         return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+def cpu_flags_have_bf16(cpuinfo: str) -> bool:
+    """Whether a /proc/cpuinfo text lists `avx512_bf16` or `amx_bf16` among its CPU flags."""
+    flags = re.findall(r"^flags\s*:(.*)$", cpuinfo, flags=re.MULTILINE)
+    return any({"avx512_bf16", "amx_bf16"} & set(line.split()) for line in flags)
