@@ -334,7 +334,7 @@ def test_registered_and_act_in_both_action_spaces(cls):
 def test_defaults_follow_their_references():
     a3c, ppo_cfg = A3CConfig(), PPOConfig()
     assert (a3c.unroll_length, a3c.lr, a3c.eps, a3c.rmsprop_decay) == (5, 3e-4, 0.1, 0.99)
-    assert (a3c.optimizer, a3c.grad_clip, a3c.reward_clip) == ("rmsprop", None, None)
+    assert (a3c.optimizer, a3c.grad_clip, a3c.reward_clip) == ("rmsprop_tf", None, None)
     assert (a3c.entropy_cost, a3c.log_epsilon, a3c.lr_schedule) == (0.01, 1e-6, "constant")
     assert (ppo_cfg.unroll_length, ppo_cfg.batch_size, ppo_cfg.lr) == (128, 4, 2.5e-4)
     assert (ppo_cfg.epochs, ppo_cfg.num_minibatches, ppo_cfg.grad_clip) == (4, 4, 0.5)

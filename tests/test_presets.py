@@ -76,7 +76,7 @@ def test_atari_names_only_clip_rewards_as_the_references(algo):
 
 def test_preset_none_gives_the_paper_defaults():
     spec = ExperimentSpec.build({"algo": "vtrace", "preset": "none"})
-    assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop", 6e-4, 20)
+    assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop_tf", 6e-4, 20)
     assert spec.env.num_envs == 64 and spec.preset == "none"
     assert (
         ExperimentSpec.build(

@@ -8,7 +8,7 @@ the defaults:
     L = -sum_t [log max(pi(a_t|x_t), eps) (R_t - sg(V(x_t))) + beta H(pi(.|x_t))]
         + 1/2 sum_t (R_t - V(x_t))^2
 
-summed over the batch, with one RMSProp on the total. R_t is the n-step
+summed over the batch, with one RMSProp (TF1's) on the total. R_t is the n-step
 bootstrapped return over the unroll, R_t = r_t + gamma_t R_{t+1} and
 R_T = V(x_T): the unroll length T plays GA3C's t_max, so step t looks T - t
 steps ahead, as in A3C's backward loop over its t_max segment.
@@ -61,10 +61,13 @@ class A3CConfig(ActorCriticConfig):
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant", description="GA3C keeps lr constant (LEARNING_RATE_START = _END)"
     )
-    optimizer: Literal["rmsprop", "adam"] = Field(
-        "rmsprop", description="optimizer (GA3C: one shared RMSProp)"
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = Field(
+        "rmsprop_tf",
+        description="optimizer (GA3C: one shared TF1 RMSProp, rmsprop_tf; rmsprop is torch's)",
     )
-    eps: float = Field(0.1, gt=0, description="optimizer epsilon (GA3C RMSPROP_EPSILON: 0.1)")
+    eps: float = Field(
+        0.1, gt=0, description="optimizer epsilon (GA3C RMSPROP_EPSILON: 0.1, TF's convention)"
+    )
     reward_clip: float | None = Field(
         None,
         gt=0,

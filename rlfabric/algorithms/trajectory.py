@@ -26,6 +26,7 @@ from pydantic import Field
 from torch import Tensor
 
 from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
+from rlfabric.algorithms.optim import RMSpropTF
 from rlfabric.models import ActorCritic, ModelConfig
 
 
@@ -36,7 +37,11 @@ class ActorCriticConfig(TrajectoryConfig):
     redeclares the fields its reference sets differently, with the source.
     """
 
-    optimizer: Literal["rmsprop", "adam"] = Field("adam", description="optimizer")
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = Field(
+        "adam",
+        description="optimizer; rmsprop: torch's RMSprop (eps outside the square root, mean "
+        "square from 0); rmsprop_tf: TF1's, as IMPALA and GA3C ran it (eps inside, from 1)",
+    )
     eps: float = Field(1e-5, gt=0, description="optimizer epsilon")
     rmsprop_decay: float = Field(0.99, gt=0, lt=1, description="RMSProp decay (alpha)")
     rmsprop_momentum: float = Field(0.0, ge=0, lt=1, description="RMSProp momentum")
@@ -125,10 +130,9 @@ class ActorCriticAlgorithm(Algorithm):
         self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
         self.obs_norm = self.model.obs_norm
         params = self.model.parameters()
-        if cfg.optimizer == "rmsprop":
-            # torch adds eps outside the square root, TF1 (scalable_agent, GA3C) inside it
-            # and starts the mean square at 1; the references' eps values are kept as given.
-            self.optimizer = torch.optim.RMSprop(
+        if cfg.optimizer in ("rmsprop", "rmsprop_tf"):
+            rmsprop = torch.optim.RMSprop if cfg.optimizer == "rmsprop" else RMSpropTF
+            self.optimizer = rmsprop(
                 params,
                 lr=cfg.lr,
                 alpha=cfg.rmsprop_decay,

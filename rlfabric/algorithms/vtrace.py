@@ -3,7 +3,9 @@
 Espeholt et al. 2018, "IMPALA" (arXiv 1802.01561), and deepmind/scalable_agent
 `experiment.py`. Defaults are the paper's Atari settings (Table G.1):
 unroll 20, batch 32, gamma 0.99, baseline cost 0.5, entropy cost 0.01,
-RMSProp lr 6e-4 (eps 0.01, decay 0.99, momentum 0), global grad-norm clip 40,
+RMSProp lr 6e-4 (eps 0.01, decay 0.99, momentum 0) as TF1 computes it
+(`rmsprop_tf`: eps inside the square root, mean square from 1; torch's
+RMSprop with the same eps steps up to 10x further), global grad-norm clip 40,
 lr annealed linearly to 0. rho_bar = c_bar = 1 ("rho_bar = 1 worked best").
 
 Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
@@ -35,8 +37,11 @@ from rlfabric.algorithms.trajectory import (
 
 class VTraceConfig(ActorCriticConfig):
     name: Literal["vtrace"] = Field("vtrace", description="registered algorithm name")
-    optimizer: Literal["rmsprop", "adam"] = Field("rmsprop", description="optimizer")
-    eps: float = Field(0.01, gt=0, description="optimizer epsilon (RMSProp 0.01 per IMPALA)")
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = Field(
+        "rmsprop_tf",
+        description="optimizer (IMPALA: TF1's RMSProp, rmsprop_tf; rmsprop is torch's, adam)",
+    )
+    eps: float = Field(0.01, gt=0, description="optimizer epsilon (IMPALA: 0.01, TF's convention)")
     grad_clip: float | None = Field(40.0, gt=0, description="global grad-norm clip; null: none")
     baseline_cost: float = Field(0.5, ge=0, description="weight of the value loss")
     entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
