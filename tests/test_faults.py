@@ -99,10 +99,11 @@ def test_runner_processes_killed_by_pid_are_replaced_and_learning_goes_on(ray_se
                 if metrics["runner_restarts"] > kill:
                     break
             assert metrics["runner_restarts"] == kill + 1
-        while metrics["env_frames"] < 150_000:
+        # Learning goes on: the 100-episode mean passes 3x random (22) within the budget.
+        while metrics["env_frames"] < 150_000 and metrics.get("episode_return_mean", 0) <= 66:
             metrics = arch.step()
         assert metrics["dropped_unrolls"] >= 1  # partial unrolls of killed runners, counted
-        assert metrics["episode_return_mean"] > 3 * 22.0
+        assert metrics["episode_return_mean"] > 66
     finally:
         arch.stop()
 

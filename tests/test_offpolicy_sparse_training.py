@@ -17,7 +17,6 @@ from rlfabric.platform.evaluate import evaluate, load_policy
 #: Pendulum settings that learn within seconds (BENCHMARKS.md has the default-settings runs).
 FAST = {"hidden": [64, 64], "lr": 1e-3, "warmup_steps": 1000}
 PENDULUM = {"id": "Pendulum-v1", "num_envs": 2}
-RANDOM_PENDULUM_RETURN = -1230.0  # mean return of the uniform random policy, 1000 episodes
 
 
 def _fit(tmp_path: Path, arch: str, algo: dict, steps: int, **sections):
@@ -32,19 +31,29 @@ def _records(result) -> list[dict]:
 
 
 def test_seed_learns_pendulum(tmp_path, ray_session):
-    # SAC only: TD3 shares this replay path (its own learning is tests/test_sac_td3.py's, its
-    # runs under impala and ga3c are below), and a second 8k-step run costs a minute.
-    result = _fit(tmp_path, "seed", {"name": "sac", **FAST}, 8_000)
+    """SAC under SEED until the greedy policy swings up: a periodic evaluation on fresh
+    episodes (5, every 3 s) ends the run at a mean of -400 (random play: -1230).
+
+    Three runs here stopped at 3.3k-3.8k steps. The policy checked at a fixed step count
+    instead (8k) failed once in two full suites at -717, two of its five episodes near
+    -1,500; that run's records were not kept, so whether it learned late or fell back after
+    learning is not known. Stopping at the first good evaluation makes the check depend on
+    neither. The 15k-step budget is four times what the runs needed.
+
+    SAC only: TD3 shares this replay path (its own learning is tests/test_sac_td3.py's, its
+    runs under impala and ga3c are below).
+    """
+    stop = {"env_frames": 15_000, "eval_return_mean": -400.0}
+    run = {"stop": stop, "eval_interval_s": 3.0, "eval_episodes": 5}
+    result = _fit(tmp_path, "seed", {"name": "sac", **FAST}, 15_000, run=run)
     m = result.metrics
+    assert m["eval_return_mean"] >= -400.0, m  # random play: -1230
     # One update per stored transition after the warm-up, within one unroll per group.
     assert m["updates"] <= m["replay_stored"] - 1000
     assert m["updates"] >= m["replay_stored"] - 1000 - 3 * 8  # see the impala/ga3c test
     assert m["replay_size"] == m["replay_stored"]
     # The training window still holds the random warm-up; the greedy policy is far better.
-    assert m["episode_return_mean"] > RANDOM_PENDULUM_RETURN
-    _, policy = load_policy(result.logdir)
-    evaluation = evaluate(policy, Platform(env=PENDULUM).spec.env, episodes=5)
-    assert evaluation.mean > RANDOM_PENDULUM_RETURN / 2, evaluation.returns
+    assert m["episode_return_mean"] < m["eval_return_mean"]
 
 
 @pytest.mark.parametrize("arch", ["impala", "ga3c"])

@@ -130,9 +130,10 @@ def test_resume_restores_weights_optimizer_and_rng(tmp_path):
 
 
 def test_seed_learns_cartpole_and_writes_every_artifact(ray_session, tmp_path):
-    result = _fit(tmp_path, "seed", 150_000)
+    stop = {"env_frames": 150_000, "episode_return_mean": 3 * RANDOM_CARTPOLE_RETURN}
+    result = _fit(tmp_path, "seed", 150_000, run={"stop": stop})
     records = _assert_artifacts(result)
-    assert result.metrics["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    assert result.stop_reason.startswith("episode_return_mean"), result.metrics
     for key in (
         "inference_batch_envs",
         "inference_ms",
@@ -200,10 +201,11 @@ def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch, model):
 
 
 def test_impala_learns_reports_lag_and_refreshes_weights_at_its_cadence(ray_session, tmp_path):
-    result = _fit(tmp_path, {"name": "impala", "weights_every": 2}, 150_000)
+    stop = {"env_frames": 150_000, "episode_return_mean": 3 * RANDOM_CARTPOLE_RETURN}
+    result = _fit(tmp_path, {"name": "impala", "weights_every": 2}, 150_000, run={"stop": stop})
     _assert_artifacts(result)
     m = result.metrics
-    assert m["episode_return_mean"] > 3 * RANDOM_CARTPOLE_RETURN
+    assert result.stop_reason.startswith("episode_return_mean"), m
     assert m["policy_lag"] > 0  # runners act with weights older than the learner's
     # one unroll = one group of 32 envs x 10 steps; a sync at start, then every 2 unrolls
     unrolls = m["env_vector_steps"] / (32 * FAST_VTRACE_T)
@@ -252,20 +254,26 @@ def test_ga3c_learns_and_its_adjuster_acts(ray_session, tmp_path):
 @pytest.mark.parametrize("algo", ["vtrace", "a3c", "ppo"])
 @pytest.mark.parametrize("arch", ["seed", "impala", "ga3c"])
 def test_every_architecture_and_algorithm_learns_cartpole(ray_session, tmp_path, arch, algo):
-    """The example spec of each pair, on a small budget: clearly above random.
+    """The example spec of each pair learns: a 20-episode mean of 100 (random play: 22)
+    ends the run, within a frame budget that leaves room for a slow asynchronous run.
 
-    Asynchronous runs are not deterministic; the budgets leave room for a slow
-    run (the matrix benchmark reaches 195 within 49k-217k frames).
+    Whether a learned return is kept to the end of a run is the matrix benchmark's
+    question (benchmarks/cartpole_matrix.py), not this test's.
     """
-    frames = {"vtrace": 150_000, "a3c": 80_000, "ppo": 80_000}[algo]
+    # Stops measured: 14k-107k frames (vtrace 32k-107k, a3c 21k-46k, ppo 14k-25k); the
+    # budget only bounds a failing run, at twice or more of the slowest seen.
+    frames = {"vtrace": 220_000, "a3c": 100_000, "ppo": 80_000}[algo]
     spec = Path(__file__).resolve().parents[1] / f"examples/specs/cartpole_{arch}_{algo}.yaml"
     result = Platform.from_yaml(
         spec,
         [
             f"run.stop.env_frames={frames}",
+            "run.stop.episode_return_mean=100",
+            "run.return_window=20",
             "run.display=none",
             f"run.logdir={tmp_path}",
             "run.checkpoint_interval_s=0",
         ],
     ).fit()
-    assert result.metrics["episode_return_mean"] > 2 * RANDOM_CARTPOLE_RETURN, result.metrics
+    assert result.stop_reason.startswith("episode_return_mean"), result.metrics
+    assert result.metrics["episode_return_mean"] >= 100.0

@@ -139,30 +139,26 @@ class LearnerAndRunners(Architecture):
         )
         budget = self.stop_conditions.env_frames
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
-        with replay_contents_served(state) as learner_state:
-            self.learner = learner_cls.remote(spec, self.env_info, budget, learner_state)
-            if self.learner_group is None:
-                # No data-parallel peers to join first: the runners' processes start
-                # (import, make their envs) while the learner's does, not after it; their
-                # first calls wait in the learner's queue. Seconds off every start.
-                self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
-            try:
-                wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
-            except Exception:
-                if hasattr(self, "runners"):  # they would wait for a learner that never came
-                    self.runners.stop(wait_s=0)
-                    del self.runners
-                raise
-        if self.learner_group is not None:
-            self.workers = start_workers(
-                spec, self.env_info, budget, self.learner, self.learner_group, gpus
-            )
-            self._worker_exits = [worker.watch.remote() for worker in self.workers]
-            self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
         try:
+            with replay_contents_served(state) as learner_state:
+                self.learner = learner_cls.remote(spec, self.env_info, budget, learner_state)
+                if self.learner_group is None:
+                    # No data-parallel peers to join first: the runners' processes start
+                    # (import, make their envs) while the learner's does, not after it;
+                    # their first calls wait in the learner's queue. Seconds off every start.
+                    self.runners = RunnerPool(
+                        spec, self.env_info, self.runner_cls, self.learner, seed
+                    )
+                wait_until_started([self.learner], "learner", asks, spec.run.start_timeout_s)
+            if self.learner_group is not None:
+                self.workers = start_workers(
+                    spec, self.env_info, budget, self.learner, self.learner_group, gpus
+                )
+                self._worker_exits = [worker.watch.remote() for worker in self.workers]
+                self.runners = RunnerPool(spec, self.env_info, self.runner_cls, self.learner, seed)
             self.runners.wait_started()
         except Exception:
-            del self.runners  # stopped: the architecture's stop() has none left to stop
+            self._stop_runners(wait_s=0)  # they would wait for a learner that never came
             raise
         self._start_autotune()
 
@@ -206,14 +202,19 @@ class LearnerAndRunners(Architecture):
     def policy_weights(self) -> dict[str, Any]:
         return self._ask(self.learner.policy_weights.remote())
 
+    def _stop_runners(self, wait_s: float) -> None:
+        """Stop the runner pool if one was created; a failed start leaves none for stop()."""
+        runners = self.__dict__.pop("runners", None)
+        if runners is not None:
+            runners.stop(wait_s=wait_s)
+
     def stop(self) -> None:
         if hasattr(self, "learner"):
             try:
                 ray.get(self.learner.stop.remote(), timeout=30)
             except Exception as err:  # already dead: nothing left to stop gracefully
                 log.debug("learner stop: %s", err)
-            if hasattr(self, "runners"):
-                self.runners.stop()
+            self._stop_runners(wait_s=10.0)
             ray.kill(self.learner, no_restart=True)
             del self.learner
         if hasattr(self, "learner_group"):  # also when the learners were never placed
