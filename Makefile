@@ -23,7 +23,7 @@ demo: install
 	$(VENV)/bin/rlfabric train examples/specs/cartpole_seed_vtrace.yaml
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-all: install
 	$(PY) -m pytest -m ''

@@ -31,6 +31,7 @@ def test_rmsprop_tf_follows_tf1s_rule(momentum):
         opt.step()
     expected = tf1_rmsprop(w0, grads, 6e-4, 0.99, 0.01, momentum)
     np.testing.assert_allclose(param.detach().numpy(), expected, rtol=1e-12, atol=1e-15)
+    assert int(opt.state[param]["step"]) == len(grads)
 
 
 def test_rmsprop_tf_starts_gently_where_torch_jumps():

@@ -49,9 +49,11 @@ class RMSpropTF(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
+                    state["step"] = torch.tensor(0.0)  # as torch's optimizers count
                     state["square_avg"] = torch.ones_like(p)
                     if momentum:
                         state["momentum_buffer"] = torch.zeros_like(p)
+                state["step"] += 1
                 square_avg = state["square_avg"]
                 square_avg.mul_(alpha).addcmul_(p.grad, p.grad, value=1.0 - alpha)
                 step = p.grad / square_avg.add(eps).sqrt_()

@@ -75,11 +75,22 @@ class ImpalaLearner(LearnerProcess):
 
         Wrapped in a list so that Ray hands the runner the reference, not the
         weights, and the runner fetches them only if the version is new.
+
+        Read under the update lock: an update steps the weights before it counts the
+        version, so a read in between would tag new weights (or half-stepped ones) with
+        the old version. While an update holds the lock, the version published last is
+        handed out instead of making the runner wait for the step.
         """
         with self._weights_lock:
-            version = self.learner.policy_version
-            if self._published is None or self._published[0] != version:
-                self._published = (version, ray.put(self.learner.algorithm.get_weights()))
+            if self._update_lock.acquire(blocking=self._published is None):
+                try:
+                    version = self.learner.policy_version
+                    if self._published is None or self._published[0] != version:
+                        weights = self.learner.algorithm.get_weights()
+                        self._published = (version, ray.put(weights))
+                finally:
+                    self._update_lock.release()
+            assert self._published is not None
             return list(self._published)
 
 
