@@ -1,0 +1,86 @@
+"""How many ReLU units of an Atari checkpoint's torso never fire on a sample of frames.
+
+A diagnostic for the Pong runs (BENCHMARKS.md, "Pong with SEED + V-trace"): a
+unit whose output is 0 on every frame passes no gradient, so a torso that
+lost most of its units early learns slowly or not at all. The frames come
+from random play (8 envs, every 10th of 300 steps: 240 frames), the same for
+every checkpoint, so the fractions compare across runs.
+
+    python benchmarks/dead_units.py RUN_DIR/checkpoints/ckpt_*.pt [--game pong] [--init]
+
+`--init` adds a freshly initialized torso as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlfabric.envs.config import AtariConfig
+from rlfabric.envs.factory import make_atari_vector_env
+from rlfabric.models.networks import NatureCNN
+from rlfabric.platform.checkpoint import load_checkpoint
+
+
+def random_play_frames(game: str, seed: int = 0) -> torch.Tensor:
+    """240 stacked-frame observations of random play, DeepMind preprocessing."""
+    envs = make_atari_vector_env(game, 8, AtariConfig())
+    envs.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    frames = []
+    for t in range(300):
+        obs, *_ = envs.step(rng.integers(0, envs.single_action_space.n, 8))
+        if t % 10 == 0:
+            frames.append(obs.copy())
+    envs.close()
+    return torch.as_tensor(np.concatenate(frames))
+
+
+def dead_fractions(torso: torch.nn.Module, frames: torch.Tensor) -> list[float]:
+    """Per ReLU layer, in order: the fraction of units (channels) at 0 on every frame."""
+    outputs: list[torch.Tensor] = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+        for m in torso.modules()
+        if isinstance(m, torch.nn.ReLU)
+    ]
+    with torch.no_grad():
+        torso(frames)
+    for hook in hooks:
+        hook.remove()
+    fractions = []
+    for out in outputs:
+        per_unit = out.transpose(0, 1).flatten(1)  # channels (conv) or units (fc) first
+        fractions.append(float((per_unit.max(dim=1).values <= 0).float().mean()))
+    return fractions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", type=Path, nargs="*")
+    parser.add_argument("--game", default="pong")
+    parser.add_argument("--init", action="store_true", help="also a freshly initialized torso")
+    args = parser.parse_args()
+    frames = random_play_frames(args.game)
+    shape = tuple(frames.shape[1:])
+    torsos: list[tuple[str, torch.nn.Module]] = []
+    if args.init:
+        torch.manual_seed(0)
+        torsos.append(("init", NatureCNN(shape, 512)))
+    for path in args.checkpoints:
+        model = load_checkpoint(path)["algorithm"]["model"]
+        torso = NatureCNN(shape, 512)
+        weights = {k.removeprefix("torso."): v for k, v in model.items() if k.startswith("torso.")}
+        torso.load_state_dict(weights)
+        torsos.append((f"{path.parent.parent.name}/{path.name}", torso))
+    print(f"{'checkpoint':<48} dead ReLU units: conv1  conv2  conv3  fc")
+    for name, torso in torsos:
+        cells = "  ".join(f"{f:5.2f}" for f in dead_fractions(torso, frames))
+        print(f"{name:<48}                  {cells}")
+
+
+if __name__ == "__main__":
+    main()
