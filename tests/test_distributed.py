@@ -88,6 +88,28 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
+def _late_rank(rank: int, world: int, address: str, out: dict) -> None:
+    """Rank 1 arrives 3 s late, as a learner process still importing torch would."""
+    import time
+
+    if rank == 1:
+        time.sleep(3.0)
+    join_group(address, rank, world, "cpu", timeout_s=1.0, rendezvous_s=60.0)
+    total = torch.ones(1) * (rank + 1)
+    torch.distributed.all_reduce(total)
+    out[rank] = float(total)
+    leave_group()
+
+
+def test_a_late_peer_joins_within_the_start_patience_not_the_collective_timeout():
+    """The collectives' timeout (run.actor_timeout_s, 1 s here) does not bound the wait for
+    a peer that is still starting; the rendezvous has run.start_timeout_s for that."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_late_rank, args=(2, _free_address(), out), nprocs=2, join=True)
+        assert dict(out) == {0: 3.0, 1: 3.0}
+
+
 def _sparse_rank(rank: int, world: int, address: str, out: dict) -> None:
     """RigL every 2 optimizer steps; each rank trains on its own shard."""
     torch.set_num_threads(1)
@@ -141,8 +163,8 @@ def test_seed_with_two_learners_keeps_them_identical(ray_session, tmp_path):
         run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
     )
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         metrics = arch.step()
         while metrics["updates"] < 50:
             metrics = arch.step()

@@ -88,8 +88,8 @@ def test_runner_processes_killed_by_pid_are_replaced_and_learning_goes_on(ray_se
         run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
     )
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         metrics = arch.step()
         for kill in range(3):
             pid = ray_session.get(arch.runners.runners[kill % 2].pid.remote())
@@ -167,8 +167,8 @@ def test_a_learner_crash_ends_the_run_and_the_last_checkpoint_stays_intact(ray_s
         run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
     )
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         arch.step()
         state = arch.get_state()
         path = save_checkpoint(tmp_path, state, state["counters"]["env_frames"], keep=3)

@@ -66,8 +66,8 @@ def test_a_dead_data_parallel_learner_ends_the_run_naming_it(ray_session, tmp_pa
         run={"report_interval_s": 0.5, "logdir": str(tmp_path), "actor_timeout_s": 5},
     )
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         metrics = arch.step()
         while metrics["updates"] < 3:
             metrics = arch.step()
@@ -93,8 +93,8 @@ def test_a_wedged_env_is_replaced_after_the_runner_timeout(ray_session, tmp_path
 
     platform = _platform(tmp_path, "WedgedCartPole-v0", runner_timeout_s=2)
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         metrics = arch.step()
         for _ in range(40):  # 0.5 s each: the wedge comes after 100 steps, the timeout 2 s later
             if metrics["runner_restarts"]:

@@ -318,8 +318,8 @@ def test_one_set_of_statistics_under_each_topology(ray_session, tmp_path, arch):
     spec = platform.spec
     per_update = spec.algo.unroll_length * spec.algo.batch_size
     topology = ARCHITECTURES[arch](spec, platform.env_info, spec.run.stop)
-    topology.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        topology.start()
         while topology.step()["updates"] < 3:
             pass
         ray_session.get(topology.learner.stop.remote())  # no update after this

@@ -157,8 +157,8 @@ def test_seed_replaces_a_crashed_env_runner(ray_session, tmp_path):
         run={"report_interval_s": 0.5, "logdir": str(tmp_path)},
     )
     arch = SeedArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
-    arch.start()
-    try:
+    try:  # a start that fails half-way leaves actors for stop() to end
+        arch.start()
         before = arch.step()
         ray_session.kill(arch.runners.runners[0], no_restart=True)
         metrics = arch.step()

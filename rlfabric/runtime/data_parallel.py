@@ -46,6 +46,7 @@ class LearnerWorker:
         self.device = device_for_this_actor()
         self.algorithm = make_algorithm(spec, env_info, frame_budget, self.device)
         self.timeout_s = spec.run.actor_timeout_s
+        self.start_timeout_s = spec.run.start_timeout_s
 
     def ready(self) -> bool:
         return True
@@ -63,7 +64,8 @@ class LearnerWorker:
     def join(self, address: str, rank: int, world_size: int, state: dict[str, Any]) -> None:
         """Start from learner 0's algorithm state (weights, optimizer), then join the group."""
         self.algorithm.load_state_dict(state)
-        join_group(address, rank, world_size, self.device, self.timeout_s)
+        timeouts = {"timeout_s": self.timeout_s, "rendezvous_s": self.start_timeout_s}
+        join_group(address, rank, world_size, self.device, **timeouts)
         self.algorithm.grad_sync = GradientAllReduce(world_size, self.algorithm.loss_reduction)
 
     def update(self, shard: dict[str, np.ndarray], progress: float | None) -> None:
@@ -79,16 +81,21 @@ class LearnerGroup:
     """Learner 0's side: joins the group, and cuts each batch for the workers (actor
     handles of `LearnerWorker`)."""
 
-    def __init__(self, learner: Learner, workers: list[Any], timeout_s: float) -> None:
+    def __init__(
+        self, learner: Learner, workers: list[Any], timeout_s: float, start_timeout_s: float
+    ) -> None:
         self.learner = learner
         self.workers = workers
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # of each collective
+        self.start_timeout_s = start_timeout_s  # of the rendezvous: peers may still be starting
 
     def join(self, address: str, store: Any) -> None:
         """Join as rank 0 through the rendezvous store learner 0 hosts (`host_rendezvous`)."""
         world = len(self.workers) + 1
         algorithm = self.learner.algorithm
-        join_group(address, 0, world, str(algorithm.device), self.timeout_s, store)
+        join_group(
+            address, 0, world, str(algorithm.device), self.timeout_s, store, self.start_timeout_s
+        )
         algorithm.grad_sync = GradientAllReduce(world, algorithm.loss_reduction)
         self.learner.peers = self.dispatch
 

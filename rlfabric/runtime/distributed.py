@@ -102,6 +102,7 @@ def join_group(
     device: str,
     timeout_s: float = 1800.0,
     store: dist.Store | None = None,
+    rendezvous_s: float | None = None,
 ) -> None:
     """Join the learners' process group: gloo on CPU, NCCL when learners have GPUs.
 
@@ -109,12 +110,20 @@ def join_group(
     rendezvous at `address` and the others connect to it. A collective that waits
     longer than `timeout_s` for a peer (one that died) raises instead of blocking its
     caller, and the lock it holds, forever.
+
+    Every rank first waits for all the others on the store, for up to `rendezvous_s`
+    (default `timeout_s`): a peer may still be starting (a new process importing torch),
+    which is the start's patience, not a collective's. Once all are there, the process
+    group's own handshake takes milliseconds within `timeout_s`.
     """
     backend = "nccl" if device.startswith("cuda") else "gloo"
     timeout = timedelta(seconds=timeout_s)
+    rendezvous = timedelta(seconds=timeout_s if rendezvous_s is None else rendezvous_s)
     if store is None:
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=rendezvous)
+    store.set(f"rlfabric/arrived/{rank}", "1")
+    store.wait([f"rlfabric/arrived/{r}" for r in range(world_size)], rendezvous)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 

@@ -69,6 +69,7 @@ class LearnerProcess:
         if state is not None:
             self.learner.load_state_dict(state)
         self.timeout_s = spec.run.actor_timeout_s  # of a data-parallel group's collectives
+        self.start_timeout_s = spec.run.start_timeout_s  # of its rendezvous
         self.num_learners = spec.resources.num_learners
         # One optimizer step at a time, never during a checkpoint or a metrics read (a
         # read mid-step would see weights between the step and their re-masking, and
@@ -107,7 +108,7 @@ class LearnerProcess:
     def group_address(self) -> str:
         """Host the data-parallel group's rendezvous on this node; its address."""
         ip = ray.util.get_node_ip_address()
-        address, self._rendezvous = host_rendezvous(ip, self.num_learners, self.timeout_s)
+        address, self._rendezvous = host_rendezvous(ip, self.num_learners, self.start_timeout_s)
         return address
 
     def policy_weights(self) -> dict[str, np.ndarray]:
@@ -119,7 +120,8 @@ class LearnerProcess:
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
-        LearnerGroup(self.learner, workers, self.timeout_s).join(address, self._rendezvous)
+        group = LearnerGroup(self.learner, workers, self.timeout_s, self.start_timeout_s)
+        group.join(address, self._rendezvous)
 
     def metrics(self, raise_errors: bool = True) -> dict[str, float]:
         """The learner's figures; first raises the error a trainer or batcher thread
