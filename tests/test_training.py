@@ -233,7 +233,9 @@ def test_impala_weights_travel_once_per_version(ray_session, tmp_path):
 
 def test_impala_weights_are_never_tagged_with_a_version_mid_update(ray_session, tmp_path):
     """An update steps the weights, then counts the version; a runner asking between the
-    two must not get the new weights under the old version (a race a CI run once hit)."""
+    two must not get the new weights under the old version (a race a CI run once hit).
+    It gets the last version without waiting, and the update publishes its own at its end,
+    so back-to-back updates that never free the lock still reach the runners."""
     import threading
 
     from rlfabric.architectures.impala import ImpalaLearner
@@ -248,29 +250,42 @@ def test_impala_weights_are_never_tagged_with_a_version_mid_update(ray_session, 
         with torch.no_grad():
             bias.add_(1.0)
 
+    def count() -> None:  # and the end of Learner.update
+        learner.learner.counters["updates"] += 1
+        learner.learner.on_update()
+
+    def published(ref) -> float:
+        return float(ray_session.get(ref)["value.bias"][0])
+
     try:
+        start = bias.item()
         assert learner.weights()[0] == 0
         with learner._update_lock:  # one whole update, not yet asked for by any runner
             step()
-            learner.learner.counters["updates"] += 1
-        stepped, finish = threading.Event(), threading.Event()
+            count()
+        mid_update, asked, next_update, done = (threading.Event() for _ in range(4))
 
-        def update_in_progress() -> None:
+        def trainer() -> None:  # two updates back to back: the lock is never free
             with learner._update_lock:
                 step()
-                stepped.set()
-                finish.wait(30)
-                learner.learner.counters["updates"] += 1
+                mid_update.set()
+                asked.wait(30)
+                count()
+                step()  # the next update, still under the lock
+                next_update.set()
+                done.wait(30)
 
-        thread = threading.Thread(target=update_in_progress)
+        thread = threading.Thread(target=trainer)
         thread.start()
-        stepped.wait(30)
+        mid_update.wait(30)
         version, ref = learner.weights()  # mid-update: the last published version
-        assert version == 0 and ray_session.get(ref)["value.bias"][0] == bias.item() - 2.0
-        finish.set()
+        assert (version, published(ref)) == (0, start)
+        asked.set()
+        next_update.wait(30)
+        version, ref = learner.weights()  # published by the update that ended
+        assert (version, published(ref)) == (2, start + 2.0)
+        done.set()
         thread.join(30)
-        version, ref = learner.weights()
-        assert version == 2 and ray_session.get(ref)["value.bias"][0] == bias.item()
     finally:
         learner.stop()
 
@@ -321,5 +336,6 @@ def test_every_architecture_and_algorithm_learns_cartpole(ray_session, tmp_path,
             "run.checkpoint_interval_s=0",
         ],
     ).fit()
+    # The final record comes after the stop (more episodes end meanwhile): the reason
+    # holds the mean that stopped the run.
     assert result.stop_reason.startswith("episode_return_mean"), result.metrics
-    assert result.metrics["episode_return_mean"] >= 100.0

@@ -61,6 +61,8 @@ class ImpalaLearner(LearnerProcess):
         )
         self._weights_lock = threading.Lock()
         self._published: tuple[int, ray.ObjectRef] | None = None
+        self._publish_wanted = False  # a runner asked while an update held the lock
+        self.learner.on_update = self._publish_if_wanted
 
     def submit(
         self, unroll: dict[str, np.ndarray], tally: dict[str, Any], key: tuple[int, int]
@@ -76,22 +78,36 @@ class ImpalaLearner(LearnerProcess):
         Wrapped in a list so that Ray hands the runner the reference, not the
         weights, and the runner fetches them only if the version is new.
 
-        Read under the update lock: an update steps the weights before it counts the
-        version, so a read in between would tag new weights (or half-stepped ones) with
-        the old version. While an update holds the lock, the version published last is
-        handed out instead of making the runner wait for the step.
+        Weights and version are read under the update lock: an update steps the
+        weights before it counts the version, so a read in between would tag new (or
+        half-stepped) weights with the old version. While an update holds the lock, the
+        runner gets the version published last, without waiting, and the update
+        publishes its own at its end; trainers that run back to back (replay) would
+        otherwise never leave the lock free for a runner's read.
         """
         with self._weights_lock:
             if self._update_lock.acquire(blocking=self._published is None):
                 try:
-                    version = self.learner.policy_version
-                    if self._published is None or self._published[0] != version:
-                        weights = self.learner.algorithm.get_weights()
-                        self._published = (version, ray.put(weights))
+                    self._publish()
                 finally:
                     self._update_lock.release()
+            else:
+                self._publish_wanted = True
             assert self._published is not None
             return list(self._published)
+
+    def _publish(self) -> None:
+        """Put the current weights in the object store if their version is new; the
+        caller holds the update lock."""
+        version = self.learner.policy_version
+        if self._published is None or self._published[0] != version:
+            self._published = (version, ray.put(self.learner.algorithm.get_weights()))
+
+    def _publish_if_wanted(self) -> None:
+        """The end of an update (under its lock): publish if a runner asked during it."""
+        if self._publish_wanted:
+            self._publish_wanted = False
+            self._publish()
 
 
 class ImpalaEnvRunner(RayEnvRunner):

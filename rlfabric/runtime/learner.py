@@ -128,6 +128,9 @@ class Learner:
         self.lengths: deque[int] = deque(maxlen=spec.run.return_window)
         self.stats = IntervalStats()
         self.max_nonfinite_updates = spec.run.max_nonfinite_updates
+        # Called at the end of each update, under the caller's update lock (IMPALA
+        # publishes the new weights there when a runner asked during the update).
+        self.on_update: Callable[[], None] | None = None
         # Set by a group of data-parallel learners: (batch, run progress) -> (this learner's
         # shard, a wait for the others).
         self.peers: Callable[..., tuple[dict[str, np.ndarray], Callable[[], Any]]] | None = None
@@ -198,6 +201,8 @@ class Learner:
         # non-finite diagnostic of an update that was applied is reported, not a skip.
         if self.algorithm.nonfinite_steps > skipped_before:
             self._skip(metrics)
+            if self.on_update is not None:
+                self.on_update()
             return metrics
         self._nonfinite_in_row = 0
         samples = batch["reward"].size  # [T, B] steps of unrolls, or [B] replay transitions
@@ -209,6 +214,8 @@ class Learner:
             metrics = {**metrics, "policy_lag": lag}
         self.stats.add_many({**metrics, "learner_step_ms": 1000.0 * elapsed})
         self.stats.add("learner_busy_s", elapsed)
+        if self.on_update is not None:
+            self.on_update()
         return metrics
 
     def _skip(self, metrics: dict[str, float]) -> None:
