@@ -119,6 +119,9 @@ class ImpalaEnvRunner(RayEnvRunner):
         self.assembler = UnrollAssembler(spec.algo.unroll_length)
         self.states = RecurrentStates(self.algorithm.acting_state)
         self.version = -1
+        # The loop sets weights and version together; `policy_weights` (another thread of
+        # this actor) must never read one without the other.
+        self._weights_lock = threading.Lock()
         # A replay algorithm's warm-up: random actions until the learner's first update.
         self.explore = (
             UniformActions(env_info.action_space, seed) if self.algorithm.data == "replay" else None
@@ -137,13 +140,16 @@ class ImpalaEnvRunner(RayEnvRunner):
     def policy_weights(self) -> list[Any]:
         """[version, the weights this runner acts with]: the learner's of that version,
         observation statistics included (for tests and debugging)."""
-        return [self.version, self.algorithm.get_weights()]
+        with self._weights_lock:
+            return [self.version, self.algorithm.get_weights()]
 
     def _sync_weights(self, learner: Any) -> None:
         version, ref = call(learner.weights.remote(), "the learner")
         if version != self.version:
-            self.algorithm.set_weights(call(ref, "the learner"))
-            self.version = version
+            weights = call(ref, "the learner")
+            with self._weights_lock:
+                self.algorithm.set_weights(weights)
+                self.version = version
             self.tally.weight_syncs += 1
 
     def run(self, learner: Any) -> None:
