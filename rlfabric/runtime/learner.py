@@ -128,7 +128,7 @@ class Learner:
         self.lengths: deque[int] = deque(maxlen=spec.run.return_window)
         self.stats = IntervalStats()
         self.max_nonfinite_updates = spec.run.max_nonfinite_updates
-        # Called at the end of each update, under the caller's update lock (IMPALA
+        # Called at the end of each applied update, under the caller's update lock (IMPALA
         # publishes the new weights there when a runner asked during the update).
         self.on_update: Callable[[], None] | None = None
         # Set by a group of data-parallel learners: (batch, run progress) -> (this learner's
@@ -200,9 +200,7 @@ class Learner:
         # Skipped means an optimizer step was refused for a non-finite gradient: a
         # non-finite diagnostic of an update that was applied is reported, not a skip.
         if self.algorithm.nonfinite_steps > skipped_before:
-            self._skip(metrics)
-            if self.on_update is not None:
-                self.on_update()
+            self._skip(metrics)  # the weights did not move: nothing new to publish
             return metrics
         self._nonfinite_in_row = 0
         samples = batch["reward"].size  # [T, B] steps of unrolls, or [B] replay transitions
