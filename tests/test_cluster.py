@@ -1,19 +1,20 @@
-"""Clusters: `ray job submit` to a head on 127.0.0.1, and runners spread over two nodes.
+"""Clusters: `ray job submit` to a two-node cluster on 127.0.0.1.
 
-Each test starts its own Ray (a head from the `ray` CLI, or `ray.cluster_utils.Cluster`
-in a subprocess) on loopback with ports of its own, next to the session's embedded
-Ray, and stops only what it started.
+The test starts its own head and worker node (`ray.cluster_utils.Cluster` in a
+subprocess), on loopback with ports of its own, next to the session's embedded Ray,
+and stops only what it started. One cluster serves both claims (a spec runs as a Ray
+job; its runners spread over the nodes), as each Ray start costs seconds on two cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,62 +42,91 @@ def loopback_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def ray_head(tmp_path):
-    """A `ray start --head --block` on 127.0.0.1; yields the dashboard (job API) address."""
-    gcs, dashboard, *agent_ports = free_ports(7)
-    cmd = [
-        str(BIN / "ray"),
-        "start",
-        "--head",
-        "--block",
-        "--node-ip-address=127.0.0.1",
-        "--dashboard-host=127.0.0.1",
-        "--include-dashboard=true",
-        "--num-cpus=2",
-        f"--port={gcs}",
-        f"--dashboard-port={dashboard}",
-        f"--dashboard-agent-listen-port={agent_ports[0]}",
-        f"--dashboard-agent-grpc-port={agent_ports[1]}",
-        f"--metrics-export-port={agent_ports[2]}",
-        f"--runtime-env-agent-port={agent_ports[3]}",
-        f"--ray-client-server-port={agent_ports[4]}",
-    ]
-    log = (tmp_path / "head.log").open("w")
-    head = subprocess.Popen(cmd, env=loopback_env(), stdout=log, stderr=subprocess.STDOUT)
+#: A head (1 CPU, with the job API) and a worker node (2 CPUs) on 127.0.0.1, up until
+#: stdin closes. `ray.cluster_utils.Cluster` rather than a second `ray start`: the
+#: loopback setting (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) refuses `ray start --address`.
+CLUSTER = textwrap.dedent(
+    """
+    import sys
+    from ray.cluster_utils import Cluster
+
+    gcs, dashboard, *ports = map(int, sys.argv[1:])
+    common = {"node_ip_address": "127.0.0.1"}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **common, "gcs_server_port": gcs, "num_cpus": 1, "include_dashboard": True,
+            "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
+            "dashboard_agent_listen_port": ports[0], "metrics_export_port": ports[1],
+            "runtime_env_agent_port": ports[2],
+        },
+    )
+    cluster.add_node(
+        **common, num_cpus=2, dashboard_agent_listen_port=ports[3],
+        metrics_export_port=ports[4], runtime_env_agent_port=ports[5],
+    )
+    cluster.wait_for_nodes()
+    print("up", flush=True)
     try:
-        yield f"http://127.0.0.1:{dashboard}"
+        sys.stdin.read()
     finally:
-        head.send_signal(signal.SIGTERM)  # --block: ray start stops what it started
-        head.wait(timeout=60)
+        cluster.shutdown()
+    """
+)
+
+
+@pytest.fixture
+def ray_cluster(tmp_path) -> Iterator[str]:
+    """The two-node `CLUSTER` in a subprocess; yields its dashboard (job API) address."""
+    gcs, dashboard, *ports = free_ports(8)
+    log = (tmp_path / "cluster.log").open("w")
+    cluster = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER, str(gcs), str(dashboard), *map(str, ports)],
+        env=loopback_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        assert cluster.stdout.readline().strip() == "up", (tmp_path / "cluster.log").read_text()
+        address = f"http://127.0.0.1:{dashboard}"
+        _wait_for_job_api(address)
+        yield address
+    finally:
+        cluster.stdin.close()  # the script shuts its cluster down
+        cluster.wait(timeout=60)
         log.close()
-        leftover = subprocess.run(
-            ["pgrep", "-f", f"gcs_server.*--gcs_server_port={gcs}"], capture_output=True
-        )
-        assert leftover.returncode == 1, "the head's GCS outlived it"
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"gcs_server.*--gcs_server_port={gcs}"], capture_output=True
+    )
+    assert leftover.returncode == 1, "the cluster's GCS outlived it"
 
 
-def test_ray_job_submit_runs_a_spec_on_the_cluster(ray_head, tmp_path):
-    logdir = tmp_path / "runs"
-    env = loopback_env()
-    # The head needs a moment for its job API; `ray job submit` retries only briefly.
+def _wait_for_job_api(address: str) -> None:
+    """The head needs a moment for its job API; `ray job submit` retries only briefly."""
     for _ in range(60):
         probe = subprocess.run(
-            [str(BIN / "ray"), "job", "list", "--address", ray_head],
-            env=env,
+            [str(BIN / "ray"), "job", "list", "--address", address],
+            env=loopback_env(),
             capture_output=True,
             timeout=60,
         )
         if probe.returncode == 0:
-            break
+            return
         subprocess.run(["sleep", "1"])
+    raise TimeoutError(f"no job API at {address} after 60 tries")
+
+
+def test_ray_job_submit_runs_a_spec_with_runners_on_both_nodes(ray_cluster, tmp_path):
+    logdir = tmp_path / "runs"
     submit = subprocess.run(
         [
             str(BIN / "ray"),
             "job",
             "submit",
             "--address",
-            ray_head,
+            ray_cluster,
             "--working-dir",
             str(ROOT),
             "--",
@@ -104,64 +134,21 @@ def test_ray_job_submit_runs_a_spec_on_the_cluster(ray_head, tmp_path):
             "train",
             "examples/specs/cartpole_seed_vtrace.yaml",
             "run.stop.env_frames=20000",
+            "resources.num_env_runners=2",
+            "resources.learner_cpus=0.5",
+            "resources.cpus_per_env_runner=0.5",
             f"run.logdir={logdir}",
             "run.name=job",
             "run.display=plain",
         ],
-        env=env,
+        env=loopback_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
     records = (logdir / "job" / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(records[-1])["env_frames"] >= 20_000
+    last = json.loads(records[-1])
+    assert last["env_frames"] >= 20_000
+    assert last["runner_nodes"] == 2
     assert list((logdir / "job" / "checkpoints").glob("ckpt_*.pt"))
-
-
-TWO_NODES = textwrap.dedent(
-    """
-    import json, sys
-    from ray.cluster_utils import Cluster
-    from rlfabric import Platform
-
-    gcs, agent, grpc, metrics, runtime = map(int, sys.argv[1:6])
-    common = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **common, "gcs_server_port": gcs, "num_cpus": 1, "dashboard_agent_listen_port": agent,
-            "metrics_export_port": metrics, "runtime_env_agent_port": runtime,
-        },
-    )
-    cluster.add_node(**common, num_cpus=2, dashboard_agent_listen_port=grpc)
-    cluster.wait_for_nodes()
-    try:
-        result = Platform(
-            arch="seed",
-            algo={"name": "vtrace", "optimizer": "adam", "lr": 3e-3, "loss_reduction": "mean",
-                  "lr_schedule": "constant", "batch_size": 8, "unroll_length": 10},
-            env={"id": "CartPole-v1", "num_envs": 16},
-            resources={"address": cluster.address, "num_env_runners": 2,
-                       "learner_cpus": 0.5, "cpus_per_env_runner": 0.5},
-            run={"stop": {"env_frames": 30000}, "display": "none", "logdir": sys.argv[6]},
-        ).fit()
-        print(json.dumps({k: result.metrics[k] for k in ("runner_nodes", "env_frames")}))
-    finally:
-        cluster.shutdown()
-    """
-)
-
-
-def test_runners_spread_over_two_nodes(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", TWO_NODES, *map(str, free_ports(5)), str(tmp_path)],
-        env=loopback_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads(done.stdout.strip().splitlines()[-1])
-    assert metrics["runner_nodes"] == 2
-    assert metrics["env_frames"] >= 30_000
