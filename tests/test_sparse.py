@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlfabric.algorithms.optim import RMSpropTF
 from rlfabric.sparse import (
     SparseTrainer,
     drop_and_grow,
@@ -227,6 +228,35 @@ def test_training_keeps_exact_sparsity_and_skips_optimizer_on_updates() -> None:
     nonzero = sum(int(torch.count_nonzero(p)) for p in net.parameters())
     assert summary["nonzero_parameters"] == nonzero
     assert f"sparsity {summary['sparsity']:.4f}" in str(trainer)
+
+
+def test_regrown_connections_restart_from_the_optimizers_initial_state() -> None:
+    """TF's RMSProp starts its mean square at 1, not 0: a regrown (or dropped) connection
+    gets 1 back, so its first step is as gentle as a fresh parameter's; Adam's moments
+    restart at 0."""
+    for optimizer_cls, key, fresh in (
+        (RMSpropTF, "square_avg", 1.0),
+        (torch.optim.Adam, "exp_avg_sq", 0.0),
+    ):
+        net = mlp()
+        optimizer = optimizer_cls(net.parameters(), lr=1e-2)
+        trainer = SparseTrainer(net, optimizer, 0.8, t_end=60, delta=2, zeta=0.5)
+        torch.manual_seed(1)
+        x = torch.randn(64, 4)
+        for _ in range(2):
+            optimizer.zero_grad()
+            net(x).pow(2).mean().backward()
+            old_masks = {name: m.clone() for name, m in trainer.masks.items()}
+            stepped = trainer.step()
+        assert not stepped  # t = 2: a topology update
+        changed = 0
+        for name, mask in trainer.masks.items():
+            state = optimizer.state[net.get_submodule(name).weight][key]
+            moved = mask ^ old_masks[name]  # grown or dropped
+            changed += int(moved.sum())
+            assert bool((state[moved] == fresh).all()), (optimizer_cls.__name__, name)
+            assert bool((state[mask & old_masks[name]] != fresh).any())  # kept: trained state
+        assert changed > 0
 
 
 def test_optimizer_must_hold_the_weights() -> None:

@@ -19,7 +19,9 @@ Stable-Baselines3 ships the same optimizer (`RMSpropTFLike`) for its A2C.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +29,10 @@ import torch
 class RMSpropTF(torch.optim.Optimizer):
     """TF1's RMSProp: ms = decay ms + (1 - decay) g^2, starting at 1;
     mom = momentum mom + lr g / sqrt(ms + eps); p -= mom."""
+
+    #: Per-element state a fresh parameter starts with, where it is not 0: a sparse
+    #: trainer resets regrown connections to these (`rlfabric.sparse.SparseTrainer`).
+    initial_state: ClassVar[Mapping[str, float]] = MappingProxyType({"square_avg": 1.0})
 
     def __init__(
         self,
@@ -50,7 +56,7 @@ class RMSpropTF(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)  # as torch's optimizers count
-                    state["square_avg"] = torch.ones_like(p)
+                    state["square_avg"] = torch.full_like(p, self.initial_state["square_avg"])
                     if momentum:
                         state["momentum_buffer"] = torch.zeros_like(p)
                 state["step"] += 1

@@ -226,10 +226,13 @@ class SparseTrainer:
         of an ensemble layer).
 
         ``k`` is floored as in RLx2's and RigL's code. New connections start at weight 0 and
-        optimizer state 0 (RigL's reference resets the state; RLx2 masks the momentum); the
-        state of dropped weights is cleared too, so no stale moment moves a zero weight.
-        A layer with no recorded gradient (unused by the loss) keeps its topology.
+        the optimizer state of a fresh parameter (RigL's reference resets the state; RLx2
+        masks the momentum): 0, or the optimizer's `initial_state` value (TF's RMSProp
+        starts its mean square at 1). The state of dropped weights is reset too, so no
+        stale moment moves a zero weight. A layer with no recorded gradient (unused by the
+        loss) keeps its topology.
         """
+        initial = getattr(self.optimizer, "initial_state", {})
         for layer in self._sparse_layers:
             ks = [int(fraction * int(mask.sum())) for mask in layer.split(layer.mask)]
             if not any(ks):
@@ -254,9 +257,9 @@ class SparseTrainer:
                     member_new.copy_(drop_and_grow(mask, weight, member_score, k))
             kept = layer.mask & new_mask
             layer.weight.masked_fill_(~kept, 0.0)
-            for value in self.optimizer.state.get(layer.weight, {}).values():
+            for key, value in self.optimizer.state.get(layer.weight, {}).items():
                 if isinstance(value, Tensor) and value.shape == layer.weight.shape:
-                    value.mul_(kept)
+                    value.masked_fill_(~kept, initial.get(key, 0.0))
             layer.mask.copy_(new_mask)
 
     @torch.no_grad()
