@@ -4,7 +4,7 @@ Each run trains with the algorithm's default settings plus the variant's
 overrides, for --max-steps agent steps (stopping early once the 100-episode
 mean return reaches the highest --thresholds value), then evaluates the final
 policy greedily on 10 fresh episodes. It prints, per run: agent steps and
-wall time (process start of the run included) at which the 100-episode mean
+the run's wall time (summed over its resumes) at which the 100-episode mean
 first reached each threshold, the final training mean, the evaluation mean,
 and the sparse model's size and FLOPs as fractions of dense; then a summary
 with each variant's evaluation mean as % of dense (positive-return envs).
@@ -16,16 +16,30 @@ Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/8
   set     SET topology (random growth) only
   static  a fixed random sparse topology (ERK), never updated
 
-RLx2's schedules are set for 1M-step runs (topology update every 10k steps,
-3-step targets after 300k updates, buffer checks every 10k steps, buffer
-floor 100k). With --scale they are scaled to this run's length, keeping their
-proportions: 100 topology updates per run, 3-step targets after 30% of it,
-100 buffer checks, a floor of 10% of the run's steps.
+RLx2's schedules are set for its runs (topology update every 10k steps, 3-step
+targets after 300k updates, buffer checks every 10k steps, buffer bounds 100k-1M
+for TD3, 200k-3M for SAC). With --scale they are scaled to this run's length,
+keeping their proportions: 100 topology updates per run, 3-step targets after
+30% of it, 100 buffer checks, a floor of 10% of the run's steps. With
+--paper-steps N every one of them (and the buffer's upper bound) is multiplied
+by the same factor, --max-steps / N (issue 12: 300k of the paper's 3M steps,
+0.1); the end of the drop-fraction schedule is the run's last update either way.
+
+Each run lives in `--logdir/<algo>_<variant>_s<seed>/` and checkpoints every
+--checkpoint-s seconds. Run the same command again after an interruption: a
+finished run (its `row.json` is there, for the same --max-steps) is read back, an
+unfinished one (or one given a new --max-steps) resumes from its newest
+checkpoint. --thresholds with no value trains every run to --max-steps; --json
+writes the comparison (one algorithm) with its curves, and a PNG of them beside it.
 
     python benchmarks/offpolicy.py --env Pendulum-v1 --algos sac,td3 --variants dense,rigl \\
         --actor 0.9 --critic 0.9 --max-steps 30000 --thresholds -250 -200
     python benchmarks/offpolicy.py --env InvertedPendulum-v5 --algos td3 \\
         --variants dense,rlx2,rigl,set,static --seeds 0 1 2 --max-steps 30000 --scale --jobs 2
+    python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos td3 --actor 0.9 --critic 0.85 \\
+        --variants dense,rlx2,rigl,set,static --seeds 0 1 --max-steps 300000 \\
+        --paper-steps 3000000 --thresholds --jobs 2 --logdir runs/rlx2_300k \\
+        --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ import argparse
 import json
 import multiprocessing
 import statistics
-import time
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,16 +58,38 @@ import torch
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.platform.evaluate import evaluate, load_policy
+from rlfabric.platform.reporting import read_records
+from rlfabric.runtime.replay import CAPACITY_BOUNDS
 
 VARIANTS = ("dense", "rlx2", "rigl", "set", "static")
 
 
-def variant_overrides(variant: str, args: argparse.Namespace, updates: int) -> list[str]:
+#: RLx2's schedule (tyq1024/RLx2 defaults): topology update every `delta` optimizer steps,
+#: 3-step targets after `n_step_after` updates, a capacity check every
+#: `buffer_check_every` stored steps; the buffer bounds are `CAPACITY_BOUNDS`'.
+PAPER_SCHEDULE = {"delta": 10_000, "n_step_after": 300_000, "buffer_check_every": 10_000}
+
+
+def paper_schedule(algo: str, factor: float) -> dict[str, int]:
+    """RLx2's schedule and buffer bounds for `algo`, every one multiplied by `factor`."""
+    low, high = CAPACITY_BOUNDS[algo]
+    scaled = {**PAPER_SCHEDULE, "buffer_min_capacity": low, "buffer_capacity": high}
+    return {key: max(1, round(value * factor)) for key, value in scaled.items()}
+
+
+def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates: int) -> list[str]:
     """Spec overrides of one variant; `updates` is the run's expected learner updates."""
     if variant == "dense":
         return []
     method = "rigl" if variant == "rlx2" else variant
     out = [f"sparse.actor={args.actor}", f"sparse.critic={args.critic}", f"sparse.method={method}"]
+    if args.paper_steps:
+        schedule = paper_schedule(algo, args.max_steps / args.paper_steps)
+        out.append(f"sparse.delta={schedule['delta']}")
+        if variant == "rlx2":
+            out += ["algo.n_step=3", "algo.dynamic_buffer=true"]
+            out += [f"algo.{key}={value}" for key, value in schedule.items() if key != "delta"]
+        return out
     if args.scale:
         out.append(f"sparse.delta={max(1, updates // 100)}")
     if variant == "rlx2":
@@ -70,40 +106,51 @@ def variant_overrides(variant: str, args: argparse.Namespace, updates: int) -> l
 
 
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
-    """Train and evaluate one (algo, variant, seed); runs in its own process."""
-    start = time.perf_counter()
+    """Train (or resume, or read back) and evaluate one (algo, variant, seed); runs in its
+    own process. The row is saved as `row.json` in the run folder once complete."""
     torch.set_num_threads(job["threads"])
+    folder = Path(job["logdir"]) / f"{job['algo']}_{job['variant']}_s{job['seed']}"
+    if (folder / "row.json").exists():
+        row = json.loads((folder / "row.json").read_text())
+        if row["max_steps"] == job["max_steps"]:  # else: resume it to the new budget
+            return row
     overrides = [
         f"run.stop.env_frames={job['max_steps']}",
-        f"run.stop.episode_return_mean={max(job['thresholds'])}",
         f"run.seed={job['seed']}",
         f"run.logdir={job['logdir']}",
-        f"run.name={job['algo']}_{job['variant']}_s{job['seed']}",
+        f"run.name={folder.name}",
+        f"run.checkpoint_interval_s={job['checkpoint_s']}",
         "run.display=none",
         f"resources.torch_threads={job['threads']}",
         *job["overrides"],
     ]
-    platform = Platform(
-        {"env": {"id": job["env"], "num_envs": 2}, "arch": job["arch"], "algo": job["algo"]},
-        overrides=overrides,
-    )
+    if job["thresholds"]:
+        overrides.append(f"run.stop.episode_return_mean={max(job['thresholds'])}")
+    checkpoints = folder / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        platform = Platform.resume(folder, overrides)
+    else:
+        spec = {"env": {"id": job["env"], "num_envs": 2}, "arch": job["arch"], "algo": job["algo"]}
+        platform = Platform(spec, overrides=overrides)
     result = platform.fit()
-    wall = time.perf_counter() - start
-    records = [
-        json.loads(line)
-        for line in (Path(result.logdir) / "metrics.jsonl").read_text().splitlines()
-    ]
-    reached = {}
+    records = read_records(folder / "metrics.jsonl")
+    reached = []  # (threshold, agent steps, wall s) or (threshold, None, None): JSON-safe
     for threshold in job["thresholds"]:
         hit = next((r for r in records if r.get("episode_return_mean", -1e18) >= threshold), None)
-        reached[threshold] = None if hit is None else (hit["agent_steps"], hit["wall_time_s"])
+        reached.append(
+            (
+                threshold,
+                *((None, None) if hit is None else (hit["agent_steps"], hit["wall_time_s"])),
+            )
+        )
     _, policy = load_policy(result.logdir)
     evaluation = evaluate(policy, platform.spec.env, episodes=10)
     m = result.metrics
-    return {
-        **{k: job[k] for k in ("algo", "variant", "seed")},
+    every = max(1, len(records) // 200)
+    row = {
+        **{k: job[k] for k in ("algo", "variant", "seed", "max_steps")},
         "steps": m["agent_steps"],
-        "wall_s": wall,
+        "wall_s": records[-1]["wall_time_s"],  # over every resume of the run
         "train_return": m.get("episode_return_mean", float("nan")),
         "eval_return": evaluation.mean,
         "reached": reached,
@@ -111,7 +158,67 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "params": int(m.get("params_actor", 0) + m.get("params_critic", 0)),
         "inference_flops": m.get("inference_flops_fraction", 1.0),
         "train_flops": m.get("train_flops_fraction", 1.0),
+        "curve": [
+            (r["agent_steps"], r["episode_return_mean"])
+            for r in records[::every]
+            if r.get("episode_return_mean") is not None
+        ],
     }
+    (folder / "row.json").write_text(json.dumps(row))
+    return row
+
+
+def comparison(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The issue-12 result: per variant the greedy evaluation over seeds and the sizes."""
+    dense = [r for r in rows if r["variant"] == "dense"]
+    variants = {}
+    for variant in args.variants.split(","):
+        mine = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["seed"])
+        variants[variant] = {
+            "eval_return_mean": statistics.mean(r["eval_return"] for r in mine),
+            "per_seed": [
+                {k: r[k] for k in ("seed", "eval_return", "train_return", "steps", "wall_s")}
+                for r in mine
+            ],
+            "params": mine[0]["params"],
+            "params_fraction": mine[0]["params"] / dense[0]["params"] if dense else None,
+            "train_flops_fraction": mine[0]["train_flops"],
+            "inference_flops_fraction": mine[0]["inference_flops"],
+        }
+    (algo,) = args.algos.split(",")
+    factor = args.max_steps / args.paper_steps if args.paper_steps else None
+    return {
+        "env": args.env,
+        "algo": algo,
+        "arch": args.arch,
+        "sparsity": {"actor": args.actor, "critic": args.critic},
+        "agent_steps": args.max_steps,
+        "schedule": {
+            "paper_steps": args.paper_steps,
+            "factor": factor,
+            **(paper_schedule(algo, factor) if factor else {}),
+        },
+        "variants": variants,
+        "curves": {f"{r['variant']} s{r['seed']}": r["curve"] for r in rows},
+        "command": "python benchmarks/offpolicy.py " + " ".join(sys.argv[1:]),
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for run, points in result["curves"].items():
+        if points:
+            ax.plot(*zip(*points), label=run)
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel("mean training return (last 100 episodes)")
+    ax.set_title(f"{result['env']} {result['algo']}: dense and sparse variants")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -123,8 +230,18 @@ def main() -> None:
     parser.add_argument("--critic", type=float, default=0.85, help="critic sparsity")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--max-steps", type=int, default=30_000)
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[-250.0])
+    parser.add_argument(
+        "--thresholds", type=float, nargs="*", default=[-250.0], help="none: no early stop"
+    )
     parser.add_argument("--scale", action="store_true", help="scale RLx2's schedules to the run")
+    parser.add_argument(
+        "--paper-steps",
+        type=int,
+        default=None,
+        help="scale RLx2's schedules and buffer bounds by --max-steps / this (one factor)",
+    )
+    parser.add_argument("--checkpoint-s", type=float, default=300.0)
+    parser.add_argument("--json", type=Path, default=None, help="write the comparison here")
     parser.add_argument("--arch", default="local")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one process each)")
     parser.add_argument("--logdir", default="runs/bench-offpolicy")
@@ -133,6 +250,10 @@ def main() -> None:
     for variant in args.variants.split(","):
         if variant not in VARIANTS:
             parser.error(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    if args.scale and args.paper_steps:
+        parser.error("--scale and --paper-steps are two ways to scale; give one")
+    if args.json and "," in args.algos:
+        parser.error("--json writes one algorithm's comparison; give one in --algos")
     threads = 1 if args.jobs > 1 else 2
     jobs = []
     for algo in args.algos.split(","):
@@ -151,12 +272,19 @@ def main() -> None:
                         "thresholds": args.thresholds,
                         "logdir": args.logdir,
                         "threads": threads,
-                        "overrides": [*variant_overrides(variant, args, updates), *args.overrides],
+                        "checkpoint_s": args.checkpoint_s,
+                        "overrides": [
+                            *variant_overrides(variant, algo, args, updates),
+                            *args.overrides,
+                        ],
                     }
                 )
+    scaling = (
+        f"x{args.max_steps / args.paper_steps:g} of the paper's" if args.paper_steps else args.scale
+    )
     print(
         f"{args.env}, arch {args.arch}, at most {args.max_steps:,} agent steps, sparsity "
-        f"actor {args.actor} / critic {args.critic}, scaled schedules: {args.scale}, "
+        f"actor {args.actor} / critic {args.critic}, scaled schedules: {scaling}, "
         f"{args.jobs} run(s) at once, {threads} torch thread(s) each",
         flush=True,
     )
@@ -165,8 +293,8 @@ def main() -> None:
         for row in pool.map(run_one, jobs):
             rows.append(row)
             hits = "  ".join(
-                f"{t:g}: " + ("not reached" if r is None else f"{r[0]:,} steps {r[1]:.0f} s")
-                for t, r in row["reached"].items()
+                f"{t:g}: " + ("not reached" if steps is None else f"{steps:,} steps {wall:.0f} s")
+                for t, steps, wall in row["reached"]
             )
             print(
                 f"{row['algo']:>4} {row['variant']:>6} seed {row['seed']}: {row['steps']:,} steps "
@@ -197,6 +325,13 @@ def main() -> None:
                 f"{mine[0]['params']:>9,} {mine[0]['inference_flops']:>12.3f} "
                 f"{mine[0]['train_flops']:>12.3f}"
             )
+
+    if args.json:
+        result = comparison(rows, args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        plot(result, args.json.with_suffix(".png"))
+        print(f"\nwrote {args.json} and {args.json.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
