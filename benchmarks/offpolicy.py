@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from reproduce import plot_curves
 
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
@@ -205,20 +206,13 @@ def comparison(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4))
-    ax = fig.subplots()
-    for run, points in result["curves"].items():
-        if points:
-            ax.plot(*zip(*points), label=run)
-    ax.set_xlabel("agent steps")
-    ax.set_ylabel("mean training return (last 100 episodes)")
-    ax.set_title(f"{result['env']} {result['algo']}: dense and sparse variants")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot_curves(
+        result["curves"],
+        path,
+        xlabel="agent steps",
+        ylabel="mean training return (last 100 episodes)",
+        title=f"{result['env']} {result['algo']}: dense and sparse variants",
+    )
 
 
 def main() -> None:

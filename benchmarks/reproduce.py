@@ -190,22 +190,36 @@ def progress(folder: Path) -> str:
     return f"{folder.name}: " + " | ".join([*cells, end])
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot_curves(
+    curves: dict[str, list], path: Path, *, xlabel: str, ylabel: str, title: str
+) -> None:
+    """One line per run (`curves`: name -> [(x, y), ...]) on one plot, saved as `path`;
+    benchmarks/offpolicy.py draws its comparison with it too."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
-    for run, points in result["curves"].items():
+    for run, points in curves.items():
         if points:
             ax.plot(*zip(*points), label=run)
-    ax.set_xlabel("env frames")
-    ax.set_ylabel("mean return (last 100 episodes)")
-    ax.set_title(f"{result['name']} ({result['reference']})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(fontsize=7 if len(curves) > 4 else None)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plot_curves(
+        result["curves"],
+        path,
+        xlabel="env frames",
+        ylabel="mean return (last 100 episodes)",
+        title=f"{result['name']} ({result['reference']})",
+    )
 
 
 def main() -> int:
