@@ -304,12 +304,14 @@ def test_separate_inference_copy_gets_the_statistics_after_every_update():
 @pytest.mark.parametrize("arch", ["seed", "impala", "ga3c"])
 def test_one_set_of_statistics_under_each_topology(ray_session, tmp_path, arch):
     """The learner merges every runner's data into one set (its count is exactly its updates'
-    observations); under IMPALA a runner acts with the learner's set of its version."""
+    observations); under IMPALA a runner acts with the learner's set of its version. The
+    reward statistics (`algo.normalize_reward`) are one set too: the learner merged its
+    updates' valid steps, whose running returns each topology's unrolls carried."""
     from rlfabric.architectures import ARCHITECTURES
 
     platform = Platform(
         arch=arch,
-        algo=FAST_VTRACE,
+        algo={**FAST_VTRACE, "normalize_reward": True},
         env={"id": "CartPole-v1", "num_envs": 8},
         model={"normalize_obs": True},
         resources={"num_env_runners": 2, "cpus_per_env_runner": 0.5, "learner_cpus": 0.5},
@@ -326,6 +328,11 @@ def test_one_set_of_statistics_under_each_topology(ray_session, tmp_path, arch):
         state = ray_session.get(topology.learner.get_state.remote())
         count = state["algorithm"]["model"]["obs_norm.count"].item()
         assert count == state["counters"]["updates"] * per_update
+        # CartPole pays 1 per step, so returns are >= 1; autoreset steps (one per episode,
+        # and an episode lasts 8 steps or more) are left out.
+        returns = state["algorithm"]["reward_scaler"]
+        assert count / 2 < returns["count"].item() <= count
+        assert returns["mean"].item() > 1.0 and returns["var"].item() > 0.0
         if arch == "impala":
             versions = []
             for runner in topology.runners.runners.values():

@@ -44,6 +44,11 @@ class AlgoConfig(BaseModel):
     )
     gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
 
+    def return_discount(self) -> float | None:
+        """The discount of the running return unrolls carry for reward normalization
+        (`runtime.unrolls.UnrollAssembler`), or None when no return is wanted."""
+        return None
+
 
 class TrajectoryConfig(AlgoConfig):
     """On-policy algorithms learn from batches of `batch_size` unrolls of `unroll_length`."""

@@ -17,7 +17,7 @@ truncated episode bootstraps from V(obs[t+1]), its final observation.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
 from rlfabric.algorithms.optim import RMSpropTF
-from rlfabric.models import ActorCritic, ModelConfig
+from rlfabric.models import ActorCritic, ModelConfig, RewardScaler
 
 
 class ActorCriticConfig(TrajectoryConfig):
@@ -49,6 +49,18 @@ class ActorCriticConfig(TrajectoryConfig):
     reward_clip: float | None = Field(
         None, gt=0, description="clip rewards to [-x, x] (Atari: 1); null: no clipping"
     )
+    normalize_reward: bool = Field(
+        False,
+        description="divide rewards by the running std of the discounted return, as SB3's "
+        "VecNormalize(norm_reward=True) (the RL Zoo's `normalize`): one set of statistics, "
+        "the learner's, kept in checkpoints; episode returns are reported unscaled",
+    )
+    reward_norm_clip: float = Field(
+        10.0, gt=0, description="scaled rewards are clipped to [-x, x] (VecNormalize's clip_reward)"
+    )
+
+    def return_discount(self) -> float | None:
+        return self.gamma if self.normalize_reward else None
 
 
 class UnrollSteps(NamedTuple):
@@ -129,6 +141,10 @@ class ActorCriticAlgorithm(Algorithm):
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
         self.model = ActorCritic(obs_space, action_space, model_cfg).to(self.device)
         self.obs_norm = self.model.obs_norm
+        self.reward_scaler = (
+            RewardScaler(cfg.reward_norm_clip).to(self.device) if cfg.normalize_reward else None
+        )
+        """The running variance of the discounted return (`algo.normalize_reward`)."""
         params = self.model.parameters()
         if cfg.optimizer in ("rmsprop", "rmsprop_tf"):
             rmsprop = torch.optim.RMSprop if cfg.optimizer == "rmsprop" else RMSpropTF
@@ -172,10 +188,40 @@ class ActorCriticAlgorithm(Algorithm):
         the running statistics (`model.normalize_obs`; the model normalizes inside).
 
         `obs[:T]` only: `obs[T]` bootstraps here and is the next unroll's `obs[0]`.
+        With `algo.normalize_reward` the valid steps' running returns update the return
+        statistics (summed over data-parallel learners, as the observations'), and the
+        batch's rewards come back scaled by them.
         """
         b = to_tensors(batch, self.device)
         self.update_obs_stats(b["obs"][:-1])
+        if self.reward_scaler is not None:
+            if "return" not in b:
+                raise RuntimeError(
+                    "algo.normalize_reward is on but the unrolls carry no `return`: their "
+                    "UnrollAssembler must be built with return_gamma=algo.return_discount()"
+                )
+            group_sum = None if self.grad_sync is None else self.grad_sync.sum
+            self.reward_scaler.update(b["return"][~b["is_first"][1:]], group_sum)
+            b["reward"] = self.reward_scaler(b["reward"])
         return b
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.reward_scaler is not None:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved, ours = "reward_scaler" in state, self.reward_scaler is not None
+        if saved != ours:
+            raise ValueError(
+                f"checkpoint was trained with algo.normalize_reward={str(saved).lower()}, "
+                f"this run has algo.normalize_reward={str(ours).lower()}. Resume with the "
+                "algo section it was trained with"
+            )
+        super().load_state_dict(state)
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
 
     def initial_state(self, num_envs: int) -> np.ndarray | None:
         if not self.model.recurrent:

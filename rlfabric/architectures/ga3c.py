@@ -149,7 +149,7 @@ class GA3CEnvRunner(RayEnvRunner):
 
     def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
         super().__init__(spec, env_info, index, seed)
-        self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.assembler = UnrollAssembler(spec.algo.unroll_length, spec.algo.return_discount())
 
     def run(self, learner: Any) -> None:
         requests = [self.reset(g) for g in range(self.num_groups)]

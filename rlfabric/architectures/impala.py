@@ -116,7 +116,7 @@ class ImpalaEnvRunner(RayEnvRunner):
     def __init__(self, spec: TopologySpec, env_info: EnvInfo, index: int, seed: int) -> None:
         super().__init__(spec, env_info, index, seed)
         self.algorithm = make_algorithm(spec, env_info, None, "cpu", sparse=False)
-        self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.assembler = UnrollAssembler(spec.algo.unroll_length, spec.algo.return_discount())
         self.states = RecurrentStates(self.algorithm.acting_state)
         self.version = -1
         # The loop sets weights and version together; `policy_weights` (another thread of

@@ -40,7 +40,7 @@ class LocalArchitecture(Architecture):
         seed = spec.run.seed + self.learner.counters["agent_steps"]  # resumed runs see new episodes
         self.runner = EnvRunner(spec.env, index=0, seed=seed)
         self.states = RecurrentStates(self.learner.algorithm.acting_state)
-        self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.assembler = UnrollAssembler(spec.algo.unroll_length, spec.algo.return_discount())
         # One process: an unbounded queue, drained right after each unroll.
         self.feed = make_feed(
             self.learner,

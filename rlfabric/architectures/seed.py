@@ -64,7 +64,7 @@ class SeedLearner(LearnerProcess):
             **learner_options(spec),
         )
         self.states = RecurrentStates(self.learner.algorithm.acting_state)
-        self.assembler = UnrollAssembler(spec.algo.unroll_length)
+        self.assembler = UnrollAssembler(spec.algo.unroll_length, spec.algo.return_discount())
         self.server = InferenceServer(
             self._infer_batch,
             min_batch=cfg.inference_min_batch,

@@ -84,6 +84,25 @@ class ObsNormalizer(nn.Module):
         self.count.copy_(total)
 
 
+class RewardScaler(ObsNormalizer):
+    """reward / sqrt(var + eps), clipped to [-clip, clip], with `var` the running variance of
+    the discounted return (SB3 `VecNormalize(norm_reward=True)`; CleanRL's
+    `NormalizeReward`). Not centred: shifting rewards would change which episodes are
+    better (a per-step penalty would become a bonus).
+
+    The learner merges each batch's running returns (the unrolls' `return`, valid steps
+    only) with the inherited `update`, then scales that batch's rewards, as VecNormalize
+    updates its statistics before it scales a step's reward. Only training reads the
+    scale: the policy never sees rewards, so it is algorithm state, not model weights.
+    """
+
+    def __init__(self, clip: float = 10.0) -> None:
+        super().__init__((), clip)
+
+    def forward(self, reward: Tensor) -> Tensor:
+        return (reward.float() / torch.sqrt(self.var + EPS)).clamp(-self.clip, self.clip)
+
+
 def build_obs_normalizer(obs_space: gym.Space, cfg: ModelConfig) -> ObsNormalizer | None:
     """The normalizer `model.normalize_obs` asks for, or None.
 

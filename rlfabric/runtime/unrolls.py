@@ -7,6 +7,13 @@ one step: the last observation of an unroll bootstraps it and is the first of
 the next one. Arrays are time-major: `[T+1, n, ...]` for `obs` and
 `is_first`, `[T, n, ...]` for everything that follows an action, and
 `[1, n, ...]` for a recurrent policy's `state` at the unroll's first step.
+
+With reward normalization on (`algo.normalize_reward`), an unroll also carries
+`return` `[T, n]`: each env's running discounted sum of rewards after step t,
+as SB3's `VecNormalize` keeps it (`ret = ret * gamma + reward`, zeroed where an
+episode ended). The sum runs across unrolls, which only the assembler sees in
+order, one env group at a time; the learner turns its variance into the reward
+scale (`models.normalization.RewardScaler`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ def _empty_block(
     extras: dict[str, np.ndarray],
     length: int,
     state: np.ndarray | None,
+    with_return: bool,
 ) -> _Block:
     def alloc(steps: int, like: np.ndarray) -> np.ndarray:
         return np.empty((steps, *like.shape), dtype=like.dtype)
@@ -45,6 +53,8 @@ def _empty_block(
         **{k: alloc(length, request[k]) for k in STEP_OUTCOME},
         **{k: alloc(length, v) for k, v in extras.items()},
     }
+    if with_return:
+        arrays["return"] = np.empty((length, *request["reward"].shape), np.float32)
     if state is not None:  # the recurrent state obs[0] was acted on with: [1, n, ...]
         arrays["state"] = state[None].copy()
     return _Block(run_id, arrays)
@@ -56,12 +66,15 @@ class UnrollAssembler:
 
     A request holds the observation after the previous action together with
     that action's reward and done flags. A new `run_id` for a key means the
-    runner restarted: its partial unroll is dropped and counted.
+    runner restarted: its partial unroll is dropped and counted, and its
+    running return (`return_gamma`: the discount of `return`, None: none) restarts at 0.
     """
 
     unroll_length: int
+    return_gamma: float | None = None
     dropped_unrolls: int = 0
     _blocks: dict[Any, _Block] = field(default_factory=dict)
+    _returns: dict[Any, np.ndarray] = field(default_factory=dict)
 
     def add(
         self,
@@ -83,22 +96,22 @@ class UnrollAssembler:
         if block is None or block.run_id != run_id:
             if block is not None and block.t > 0:
                 self.dropped_unrolls += 1
-            block = self._blocks[key] = _empty_block(
-                run_id, request, action, extras, self.unroll_length, state
-            )
+            block = self._blocks[key] = self._new_block(run_id, request, action, extras, state)
             block.arrays["obs"][0] = request["obs"]
             block.arrays["is_first"][0] = request["is_first"]
+            if self.return_gamma is not None:
+                self._returns[key] = np.zeros(request["reward"].shape, np.float32)
         else:
             t, a = block.t, block.arrays
             for k in STEP_OUTCOME:
                 a[k][t - 1] = request[k]
             a["obs"][t] = request["obs"]
             a["is_first"][t] = request["is_first"]
+            if self.return_gamma is not None:
+                self._running_return(key, request, out=a["return"][t - 1])
             if t == self.unroll_length:
                 finished = a
-                block = self._blocks[key] = _empty_block(
-                    run_id, request, action, extras, self.unroll_length, state
-                )
+                block = self._blocks[key] = self._new_block(run_id, request, action, extras, state)
                 block.arrays["obs"][0] = a["obs"][t]
                 block.arrays["is_first"][0] = a["is_first"][t]
         a, t = block.arrays, block.t
@@ -107,6 +120,27 @@ class UnrollAssembler:
             a[k][t] = v
         block.t = t + 1
         return finished
+
+    def _new_block(
+        self,
+        run_id: str,
+        request: dict[str, Any],
+        action: np.ndarray,
+        extras: dict[str, np.ndarray],
+        state: np.ndarray | None,
+    ) -> _Block:
+        with_return = self.return_gamma is not None
+        return _empty_block(run_id, request, action, extras, self.unroll_length, state, with_return)
+
+    def _running_return(self, key: Any, request: dict[str, Any], out: np.ndarray) -> None:
+        """Write SB3 VecNormalize's `returns` after this step into `out`: the step's reward
+        added to the discounted sum, which then restarts where the episode ended. An
+        autoreset step (reward 0, not done) leaves the restarted sum at 0."""
+        ret = self._returns[key]
+        ret *= self.return_gamma
+        ret += request["reward"]
+        out[:] = ret
+        ret[request["terminated"] | request["truncated"]] = 0.0
 
 
 class BatchBuilder:
