@@ -140,6 +140,10 @@ class Algorithm(ABC):
                 f"action space {action_space}; allowed: {allowed}"
             )
 
+    @classmethod  # noqa: B027 (an optional hook)
+    def check_model(cls, model_cfg: ModelConfig) -> None:
+        """Raise ValueError naming a `model` field this algorithm cannot honour."""
+
     @abstractmethod
     def act(
         self,

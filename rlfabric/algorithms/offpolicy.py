@@ -164,6 +164,7 @@ class OffPolicyAlgorithm(Algorithm):
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
         self.check_spaces(obs_space, action_space)
+        self.check_model(model_cfg)
         self.obs_dim = int(np.prod(obs_space.shape))
         self.action_dim = int(action_space.shape[0])
         low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
@@ -175,6 +176,15 @@ class OffPolicyAlgorithm(Algorithm):
         self.obs_norm = None if norm is None else norm.to(self.device)
         self.networks: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    @classmethod
+    def check_model(cls, model_cfg: ModelConfig) -> None:
+        if model_cfg.sde:
+            name = cls.config_cls.model_fields["name"].default
+            raise ValueError(
+                f"model.sde=true is gSDE for the on-policy actor-critic; '{name}' has its "
+                "own actor and explores with algo settings (allowed: model.sde=false)"
+            )
 
     @classmethod
     def check_spaces(cls, obs_space: gym.Space, action_space: gym.Space) -> None:

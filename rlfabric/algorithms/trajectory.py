@@ -28,6 +28,7 @@ from torch import Tensor
 from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
 from rlfabric.algorithms.optim import RMSpropTF
 from rlfabric.models import ActorCritic, ModelConfig, RewardScaler
+from rlfabric.models.networks import SDEGaussianHead
 
 
 class ActorCriticConfig(TrajectoryConfig):
@@ -166,19 +167,54 @@ class ActorCriticAlgorithm(Algorithm):
         first: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-        """Sample (or take the mode); `logp` is the behaviour log-prob the learner needs."""
+        """Sample (or take the mode); `logp` is the behaviour log-prob the learner needs.
+
+        With `model.sde` the state is each env's held gSDE noise (`acting_state`) and
+        the action is the mean plus that noise; its log-prob is under the Gaussian that
+        action has over the noise, as SB3 scores it.
+        """
         device = self.device
+        sde = isinstance(self.model.policy, SDEGaussianHead)
         params, _, state_out = self.model.unroll(
             torch.as_tensor(obs, device=device)[None],
             None if first is None else torch.as_tensor(first, device=device)[None],
-            None if state is None else torch.as_tensor(state, device=device),
+            None if state is None or sde else torch.as_tensor(state, device=device),
         )
         params = params[0]
         dist = self.model.distribution(params)
-        action = self.model.mode(params) if deterministic else dist.sample()
+        if deterministic:
+            action = self.model.mode(params)
+        elif sde:
+            held = self.acting_state(len(obs)) if state is None else state
+            action, state_out = self._explore(params, torch.as_tensor(held, device=device))
+        else:
+            action = dist.sample()
         logp = dist.log_prob(action)
         next_state = None if state_out is None else state_out.cpu().numpy()
         return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, next_state
+
+    def acting_state(self, num_envs: int) -> np.ndarray | None:
+        """With `model.sde`, each env's gSDE noise `[N, 1 + features x actions]`: the
+        steps it has been held (modulo its period), then the flattened matrix. Zero steps:
+        a fresh matrix is drawn at the next act."""
+        head = self.model.policy
+        if not isinstance(head, SDEGaussianHead):
+            return self.initial_state(num_envs)
+        return np.zeros((num_envs, 1 + head.in_dim * head.action_dim), np.float32)
+
+    def _explore(self, params: Tensor, held: Tensor) -> tuple[Tensor, Tensor]:
+        """gSDE actions, and the held noise after this step: an env whose matrix has been
+        held `sde_sample_freq` steps (one unroll for -1) draws a fresh one first."""
+        head = self.model.policy
+        freq = self.model_cfg.sde_sample_freq
+        freq = self.cfg.unroll_length if freq == -1 else freq
+        steps = held[:, 0]
+        noise = held[:, 1:].reshape(-1, head.in_dim, head.action_dim).clone()
+        fresh = steps == 0
+        if bool(fresh.any()):
+            noise[fresh] = head.sample_exploration(int(fresh.sum()))
+        state = torch.cat([torch.remainder(steps + 1, freq)[:, None], noise.flatten(1)], dim=1)
+        return head.explore(params, noise), state
 
     def greedy_policy(self) -> torch.nn.Module:
         return _GreedyActorCritic(self.model)

@@ -13,6 +13,7 @@ from rlfabric.models.networks import (
     CategoricalHead,
     GaussianHead,
     NatureCNN,
+    SDEGaussianHead,
     init_layer,
     is_image_space,
 )
@@ -44,9 +45,15 @@ def build_torso(obs_space: gym.Space, cfg: ModelConfig) -> nn.Module:
 def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) -> nn.Module:
     """Categorical for Discrete actions, diagonal Gaussian for 1-D Box actions."""
     if isinstance(action_space, gym.spaces.Discrete):
+        if cfg.sde:
+            raise UnsupportedSpaceError(
+                f"model.sde=true explores continuous actions; {action_space} is discrete "
+                "(allowed: model.sde=false)"
+            )
         return CategoricalHead(in_dim, int(action_space.n))
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        return GaussianHead(in_dim, action_space.shape[0], cfg.log_std_init)
+        head = SDEGaussianHead if cfg.sde else GaussianHead
+        return head(in_dim, action_space.shape[0], cfg.log_std_init)
     raise UnsupportedSpaceError(
         f"action space {action_space} is not supported; allowed: Discrete or 1-D Box"
     )
@@ -85,6 +92,12 @@ class ActorCritic(nn.Module):
                     "torso with model.lstm=0)"
                 )
             self.value_torso = build_torso(obs_space, cfg)
+        if cfg.sde and cfg.lstm:
+            raise ValueError(
+                "model.sde=true holds each env's noise matrix as its acting state, which "
+                "model.lstm's recurrent state would have to share (allowed: model.lstm=0 "
+                "with sde, or sde=false)"
+            )
         width = self.torso.out_dim
         self.core = nn.LSTMCell(width, cfg.lstm) if cfg.lstm else None
         width = cfg.lstm or width

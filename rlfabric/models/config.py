@@ -55,6 +55,25 @@ class ModelConfig(BaseModel):
     log_std_init: float = Field(
         0.0, description="initial log standard deviation of the Gaussian head (continuous actions)"
     )
+    sde: bool = Field(
+        False,
+        description="generalized state-dependent exploration (gSDE, SB3's use_sde) for "
+        "continuous actions: noise linear in the policy's features, its matrix held per env "
+        "for sde_sample_freq steps; on-policy algorithms, without an LSTM core",
+    )
+    sde_sample_freq: int = Field(
+        -1,
+        ge=-1,
+        description="agent steps each env holds its gSDE noise matrix; -1: one unroll "
+        "(algo.unroll_length), as SB3's -1 holds it for a rollout. Read only with sde",
+    )
+
+    @field_validator("sde_sample_freq")
+    @classmethod
+    def _no_zero_frequency(cls, freq: int) -> int:
+        if freq == 0:
+            raise ValueError("sde_sample_freq must be -1 (one unroll) or a positive step count")
+        return freq
 
     @field_validator("hidden")
     @classmethod

@@ -15,6 +15,9 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Independent, Normal
 
+SDE_EPS = 1e-6
+"""Added to gSDE's variance under the square root (SB3's `epsilon`)."""
+
 
 def init_layer(layer: nn.Module, gain: float = math.sqrt(2.0)) -> nn.Module:
     """Orthogonal weight, zero bias (CleanRL `layer_init`)."""
@@ -107,6 +110,53 @@ class GaussianHead(nn.Module):
     @staticmethod
     def mode(params: torch.Tensor) -> torch.Tensor:
         return params.chunk(2, dim=-1)[0]
+
+
+class SDEGaussianHead(nn.Module):
+    """A Gaussian head for generalized state-dependent exploration (gSDE: Raffin et al.,
+    arXiv 2005.05719; SB3's `StateDependentNoiseDistribution` with `full_std`, no
+    `expln`, features not learned).
+
+    The exploration noise is linear in the policy's features: eps(s) = phi(s) @ theta,
+    with theta ~ N(0, sigma^2) of shape `[features, actions]` (sigma = exp(log_std),
+    learned) drawn per env and held for several steps, so consecutive actions push the
+    same way where states are alike, which independent draws per step cancel out (a
+    car that must swing up; a pendulum). Over theta the action is Gaussian with mean
+    mu(s) and variance phi(s)^2 @ sigma^2: the distribution the losses score and the
+    behaviour log-prob is taken under, a diagonal Gaussian as `GaussianHead`'s.
+
+    The parameters are `cat(mean, log std, phi(s))`: the features ride along (detached,
+    as SB3's `learn_features=False`) so that acting can add the held noise (`explore`).
+    """
+
+    def __init__(self, in_dim: int, action_dim: int, log_std_init: float) -> None:
+        super().__init__()
+        self.in_dim, self.action_dim = in_dim, action_dim
+        self.mean = init_layer(nn.Linear(in_dim, action_dim), gain=0.01)
+        self.log_std = nn.Parameter(torch.full((in_dim, action_dim), log_std_init))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        latent = features.detach()
+        variance = latent.square() @ self.log_std.exp().square()
+        log_std = 0.5 * torch.log(variance + SDE_EPS)
+        return torch.cat([self.mean(features), log_std, latent], dim=-1)
+
+    def distribution(self, params: torch.Tensor) -> Independent:
+        mean, log_std = params[..., : self.action_dim], params[..., self.action_dim : -self.in_dim]
+        return Independent(Normal(mean, log_std.exp(), validate_args=False), 1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return params[..., : self.action_dim]
+
+    def sample_exploration(self, n: int) -> torch.Tensor:
+        """`n` fresh noise matrices theta `[n, features, actions]`, each entry N(0, sigma^2)."""
+        std = self.log_std.exp()
+        return torch.randn(n, *std.shape, device=std.device) * std
+
+    def explore(self, params: torch.Tensor, exploration: torch.Tensor) -> torch.Tensor:
+        """Actions `[n, actions]`: the mean plus phi(s) @ theta, one theta per row."""
+        latent = params[..., -self.in_dim :]
+        return self.mode(params) + torch.bmm(latent.unsqueeze(1), exploration).squeeze(1)
 
 
 def is_image_space(space: gym.Space) -> bool:

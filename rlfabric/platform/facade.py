@@ -121,6 +121,7 @@ def check_spec(spec: ExperimentSpec) -> EnvInfo:
     arch_cls = ARCHITECTURES[spec.arch.name]
     try:
         algo_cls.check_spaces(env_info.observation_space, env_info.action_space)
+        algo_cls.check_model(spec.model)
         ActorCritic(env_info.observation_space, env_info.action_space, spec.model)
         if spec.sparse.enabled:  # roles and t_end: the learner builds it the same way
             budget = spec.stop_conditions(env_info.reward_threshold).env_frames

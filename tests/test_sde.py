@@ -1,0 +1,111 @@
+"""Generalized state-dependent exploration (`model.sde`): the Gaussian the losses score is
+the one the held noise gives, the noise is held per env for its period, and the runs
+that carry it as acting state train under `local` and IMPALA's runner-side acting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sparse_algorithms import CARTPOLE, PENDULUM
+
+from rlfabric import Platform
+from rlfabric.algorithms import ALGORITHMS, Algorithm
+from rlfabric.errors import SpecError
+from rlfabric.models import ModelConfig
+from rlfabric.models.networks import SDEGaussianHead
+
+
+def test_held_noise_gives_the_gaussian_the_losses_score():
+    torch.manual_seed(0)
+    head = SDEGaussianHead(in_dim=5, action_dim=2, log_std_init=-0.5)
+    with torch.no_grad():
+        head.log_std.normal_(-0.5, 0.3)  # a different sigma per (feature, action)
+        features = torch.randn(3, 5)
+        params = head(features)
+        draws = 40_000
+        noise = head.sample_exploration(draws)  # one matrix per draw, each state
+        actions = torch.stack([head.explore(params[i].expand(draws, -1), noise) for i in range(3)])
+    dist = head.distribution(params)
+    # SB3: variance = phi^2 @ sigma^2 (+ 1e-6), mean mu(s).
+    expected_std = (features.square() @ head.log_std.exp().square() + 1e-6).sqrt()
+    torch.testing.assert_close(dist.base_dist.scale, expected_std)
+    torch.testing.assert_close(actions.mean(1), dist.mean, atol=0.02, rtol=0)
+    torch.testing.assert_close(actions.std(1), expected_std, atol=0, rtol=0.02)
+    assert torch.equal(head.mode(params), dist.mean)
+
+
+def make(freq: int, **model: object) -> Algorithm:
+    torch.manual_seed(0)
+    cls = ALGORITHMS["a3c"]
+    cfg = ModelConfig(sde=True, sde_sample_freq=freq, **model)
+    return cls(cls.config_cls(), PENDULUM.observation_space, PENDULUM.action_space, cfg)
+
+
+def act_steps(algorithm: Algorithm, steps: int, envs: int = 2) -> np.ndarray:
+    """Actions `[steps, envs]` on one fixed observation per env, the state carried."""
+    obs = np.random.default_rng(0).normal(size=(envs, 3)).astype(np.float32)
+    state, out = algorithm.acting_state(envs), []
+    for _ in range(steps):
+        action, _, state = algorithm.act(obs, state, np.zeros(envs, bool))
+        out.append(action[:, 0])
+    return np.array(out)
+
+
+@pytest.mark.parametrize(("freq", "period"), [(3, 3), (-1, 5)])  # -1: A3C's unroll, 5
+def test_noise_is_held_for_its_period_per_env_then_drawn_afresh(freq: int, period: int):
+    actions = act_steps(make(freq), 2 * period + 1)
+    # Same observation, same held noise: the same action for a whole period.
+    for start in (0, period):
+        block = actions[start : start + period]
+        np.testing.assert_array_equal(block, np.broadcast_to(block[0], block.shape))
+    assert (actions[period] != actions[0]).all() and (actions[2 * period] != actions[period]).all()
+    assert actions[0, 0] != actions[0, 1]  # each env draws its own
+
+
+def test_behaviour_log_prob_is_under_the_state_dependent_gaussian():
+    algorithm = make(4)
+    obs = np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32)
+    action, extras, state = algorithm.act(obs, algorithm.acting_state(4), np.zeros(4, bool))
+    params, _ = algorithm.model(torch.as_tensor(obs)[None])
+    expected = algorithm.model.distribution(params[0]).log_prob(torch.as_tensor(action))
+    np.testing.assert_allclose(extras["logp"], expected.detach().numpy(), rtol=1e-5)
+    assert state.shape == (4, 1 + 64 * 1)  # steps held, then the [features, actions] matrix
+    greedy = algorithm.greedy_policy()(torch.as_tensor(obs))
+    torch.testing.assert_close(greedy, params[0, :, :1])  # the mean: no noise
+
+
+@pytest.mark.parametrize(
+    ("algo", "model", "env", "match"),
+    [
+        ("a3c", {"sde": True}, "CartPole-v1", "sde=true explores continuous actions"),
+        ("ppo", {"sde": True, "lstm": 16, "shared_torso": True}, "Pendulum-v1", "lstm=0 with sde"),
+        ("sac", {"sde": True}, "Pendulum-v1", "'sac' has its own actor"),
+        ("vtrace", {"sde": True, "sde_sample_freq": 0}, "Pendulum-v1", "sde_sample_freq must"),
+    ],
+)
+def test_what_sde_refuses_is_a_spec_error(algo: str, model: dict, env: str, match: str):
+    with pytest.raises(SpecError, match=match):
+        Platform(arch="local", algo=algo, env=env, model=model)
+
+
+def test_a_discrete_head_is_not_touched():
+    cls = ALGORITHMS["a3c"]
+    plain = cls(cls.config_cls(), CARTPOLE.observation_space, CARTPOLE.action_space, ModelConfig())
+    assert plain.acting_state(3) is None
+
+
+@pytest.mark.parametrize("arch", ["local", "impala"])
+def test_runs_carry_the_noise_and_train(ray_session, tmp_path, arch: str):
+    """`local` holds the noise next to the learner's inference; IMPALA in each runner."""
+    run = {"stop": {"env_frames": 1_200}, "display": "none", "logdir": str(tmp_path)}
+    result = Platform(
+        arch=arch,
+        algo={"name": "vtrace", "unroll_length": 8, "batch_size": 4},
+        env={"id": "Pendulum-v1", "num_envs": 4},
+        model={"sde": True, "sde_sample_freq": 4},
+        resources={"num_env_runners": 1} if arch == "impala" else {},
+        run=run,
+    ).fit()
+    assert result.metrics["updates"] >= 10, result.metrics
+    assert np.isfinite(result.metrics["loss"])
