@@ -10,6 +10,9 @@ the exit status is 1 if a row missed.
 
     python benchmarks/defaults.py                                  # the whole matrix
     python benchmarks/defaults.py --envs CartPole-v1 --archs seed --algos vtrace --seeds 1
+
+`--set section.field=value ...` applies overrides on top of the names, for ablations
+(what a preset value buys); such rows are no names-only rows, and say so (`+set`).
 """
 
 from __future__ import annotations
@@ -65,9 +68,18 @@ class Run:
     preset: str
 
 
-def run_one(env: str, arch: str, algo: str, target: Target, seed: int, logdir: str) -> Run:
+def run_one(
+    env: str,
+    arch: str,
+    algo: str,
+    target: Target,
+    seed: int,
+    logdir: str,
+    overrides: list[str] | None = None,
+) -> Run:
     start = time.perf_counter()
     platform = Platform(
+        overrides=overrides,
         env=env,
         arch=arch,
         algo=algo,
@@ -88,7 +100,7 @@ def run_one(env: str, arch: str, algo: str, target: Target, seed: int, logdir: s
         frames=float(hit) if hit is not None else float("inf"),
         wall_s=wall,
         final_return=final if final is not None else float("nan"),
-        preset=platform.spec.preset,
+        preset=platform.spec.preset + ("+set" if overrides else ""),
     )
 
 
@@ -144,6 +156,9 @@ def main() -> int:
     parser.add_argument("--algos", help="comma-separated subset (default: each env's)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
     parser.add_argument("--logdir", default="runs/defaults")
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides (ablations)"
+    )
     args = parser.parse_args()
     rows = []
     envs = args.envs.split(",")
@@ -158,7 +173,7 @@ def main() -> int:
             for arch in archs:
                 runs = []
                 for seed in range(args.seeds):
-                    runs.append(run_one(env, arch, algo, target, seed, args.logdir))
+                    runs.append(run_one(env, arch, algo, target, seed, args.logdir, args.set))
                     r = runs[-1]
                     print(
                         f"{env} {arch} {algo} seed {seed}: frames to target {r.frames:,.0f}, "
