@@ -89,6 +89,10 @@ def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started in the background by a shell without job control (`make test &`
+        # in a script) inherits SIGINT ignored, and Python then never turns it into
+        # KeyboardInterrupt: give the child the default, as a terminal's process has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     deadline = time.time() + 60

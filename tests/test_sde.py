@@ -1,6 +1,6 @@
 """Generalized state-dependent exploration (`model.sde`): the Gaussian the losses score is
 the one the held noise gives, the noise is held per env for its period, and the runs
-that carry it as acting state train under `local` and IMPALA's runner-side acting."""
+that carry it as acting state train under IMPALA's runner-side acting."""
 
 from __future__ import annotations
 
@@ -95,16 +95,16 @@ def test_a_discrete_head_is_not_touched():
     assert plain.acting_state(3) is None
 
 
-@pytest.mark.parametrize("arch", ["local", "impala"])
-def test_runs_carry_the_noise_and_train(ray_session, tmp_path, arch: str):
-    """`local` holds the noise next to the learner's inference; IMPALA in each runner."""
+def test_impala_runners_carry_the_noise_and_train(ray_session, tmp_path):
+    """IMPALA holds each env's noise in its runner (the learner-side architectures run the
+    gSDE presets under `local` in `test_presets`)."""
     run = {"stop": {"env_frames": 1_200}, "display": "none", "logdir": str(tmp_path)}
     result = Platform(
-        arch=arch,
+        arch="impala",
         algo={"name": "vtrace", "unroll_length": 8, "batch_size": 4},
         env={"id": "Pendulum-v1", "num_envs": 4},
         model={"sde": True, "sde_sample_freq": 4},
-        resources={"num_env_runners": 1} if arch == "impala" else {},
+        resources={"num_env_runners": 1},
         run=run,
     ).fit()
     assert result.metrics["updates"] >= 10, result.metrics
