@@ -126,8 +126,9 @@ def row(env: str, arch: str, algo: str, target: Target, runs: list[Run]) -> dict
 
 
 def format_table(rows: list[dict]) -> str:
+    pw = max([15] + [len(r["preset"]) for r in rows])  # "+set" rows run longer
     head = (
-        f"{'env':<24} {'arch':<7} {'algo':<7} {'preset':<15} {'reached':>7} "
+        f"{'env':<24} {'arch':<7} {'algo':<7} {'preset':<{pw}} {'reached':>7} "
         f"{'frames to target':>16} {'wall s':>7} {'final':>8} {'target':>7}  ok"
     )
     lines = [head, "-" * len(head)]
@@ -137,7 +138,7 @@ def format_table(rows: list[dict]) -> str:
             frames = "(no target)"
         wall = f"{r['wall_s']:.1f}" + (f"/{r['limit']:.0f}" if r["limit"] else "")
         lines.append(
-            f"{r['env']:<24} {r['arch']:<7} {r['algo']:<7} {r['preset']:<15} "
+            f"{r['env']:<24} {r['arch']:<7} {r['algo']:<7} {r['preset']:<{pw}} "
             f"{r['reached']:>7} {frames:>16} {wall:>7} {r['final']:>8.1f} "
             f"{'-' if r['target'] is None else format(r['target'], '.0f'):>7}  "
             f"{'yes' if r['ok'] else 'NO'}"
