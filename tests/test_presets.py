@@ -239,8 +239,8 @@ def test_every_shipped_preset_trains_under_every_architecture(
     data = {"algo": algo, "arch": arch, "preset": preset}
     data["env"] = env or ("Pendulum-v1" if replay else "CartPole-v1")
     probe = ExperimentSpec.build(data)
-    if replay:  # the warm-up, then a few updates
-        frames = probe.algo.warmup_steps + 64 * probe.env.num_envs
+    if replay:  # the warm-up (and a first batch in the buffer), then a few updates
+        frames = max(probe.algo.warmup_steps, probe.algo.batch_size) + 64 * probe.env.num_envs
     else:  # two batches; each vector step of a runner gives num_envs unrolls' steps
         frames = 2 * probe.algo.unroll_length * max(probe.algo.batch_size, probe.env.num_envs)
     data["run"] = {

@@ -137,6 +137,15 @@ def test_sac_target_and_alpha_loss_match_hand_computation() -> None:
     assert algo.alpha.item() > before
 
 
+def test_fixed_alpha_stays_put() -> None:
+    """`learn_alpha: false` is SB3's numeric ent_coef: alpha is alpha_init after updates."""
+    algo = make(SAC, alpha_init=0.1, learn_alpha=False, batch_size=6)
+    for _ in range(3):
+        metrics = algo.update(replay_batch())
+    assert algo.alpha.item() == pytest.approx(0.1)
+    assert metrics["alpha"] == pytest.approx(0.1) and "alpha_loss" not in metrics
+
+
 def test_update_uses_batch_discount_without_bootstrap_at_termination() -> None:
     for cls in (SAC, TD3):
         algo = make(cls)

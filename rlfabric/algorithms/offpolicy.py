@@ -16,7 +16,8 @@ used 1,000 to 10,000; its later code and CleanRL's TD3 use 25,000, which
 own `hidden` field rather than the spec's `model.hidden` (whose [64, 64]
 default suits the on-policy MLPs) so that the off-policy defaults are the
 references'; of `model`, only `precision` ('bf16': the networks' matmuls run in
-bfloat16, see `offpolicy_networks`) and `normalize_obs` / `obs_clip` are read.
+bfloat16, see `offpolicy_networks`), `normalize_obs` / `obs_clip` and, for SAC's
+gSDE, `sde` / `sde_sample_freq` / `log_std_init` are read.
 Layers keep PyTorch's default init, as in the references. The twin critics are
 one module, `self.critic`, giving Q values `[2, B]`, evaluated as one batched
 ensemble unless `ensemble_critics` is off.
@@ -182,8 +183,8 @@ class OffPolicyAlgorithm(Algorithm):
         if model_cfg.sde:
             name = cls.config_cls.model_fields["name"].default
             raise ValueError(
-                f"model.sde=true is gSDE for the on-policy actor-critic; '{name}' has its "
-                "own actor and explores with algo settings (allowed: model.sde=false)"
+                f"model.sde=true (gSDE) is for the on-policy actor-critics and SAC; '{name}' "
+                "explores with its algo.exploration settings (allowed: model.sde=false)"
             )
 
     @classmethod

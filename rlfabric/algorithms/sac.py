@@ -8,7 +8,13 @@ of -|A| (eq. 18). Details follow CleanRL's `sac_continuous_action.py`: the
 policy's log std is squashed smoothly into [-5, 2], alpha starts at 1, and
 alpha's loss is `-alpha * (log pi + target_entropy)`. Unlike CleanRL (which
 delays the actor TD3-style) the actor and alpha update at every step, as in
-the paper.
+the paper. `learn_alpha: false` keeps alpha at `alpha_init` (SB3's numeric
+`ent_coef`).
+
+With `model.sde` the actor explores with gSDE (Raffin et al., arXiv 2005.05719),
+as SB3's SAC with `use_sde` (`full_std`, learned features, the mean clipped to
+±2): what the RL Zoo's SAC needs on MountainCarContinuous-v0, where noise drawn
+afresh at every step cancels out before the car has swung up.
 """
 
 from __future__ import annotations
@@ -26,30 +32,26 @@ from torch import Tensor, nn
 from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
 from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
+from rlfabric.models.networks import SDE_EPS, advance_held_noise
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+SDE_MEAN_CLIP = 2.0
+"""gSDE's pre-tanh mean is clipped to ±2 (SB3's `clip_mean`), so that tanh never saturates
+and the held noise still moves the action."""
 
 
 class SACConfig(OffPolicyConfig):
     name: Literal["sac"] = Field("sac", description="registered algorithm name")
     alpha_init: float = Field(1.0, gt=0, description="initial temperature alpha")
+    learn_alpha: bool = Field(
+        True,
+        description="tune alpha to the target entropy -|A| (eq. 18); false: alpha stays "
+        "alpha_init (SB3's ent_coef given as a number)",
+    )
 
 
-class TanhGaussianActor(nn.Module):
-    """Mean and log std of a Gaussian over pre-tanh actions (the MLP in bf16 if `bf16`)."""
-
-    def __init__(
-        self, obs_dim: int, action_dim: int, hidden: list[int], bf16: bool = False
-    ) -> None:
-        super().__init__()
-        self.net = mlp(obs_dim, hidden, 2 * action_dim)
-        self.bf16 = bf16
-
-    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, log_std = run_mixed(self.net, obs.flatten(1).float(), self.bf16).chunk(2, dim=-1)
-        # CleanRL's smooth squash into [LOG_STD_MIN, LOG_STD_MAX]: a gradient everywhere.
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
-        return mean, log_std
+class SquashedGaussianActor(nn.Module):
+    """A Gaussian over pre-tanh actions: `forward(obs)` gives its mean and log std."""
 
     def sample(self, obs: Tensor, eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Reparameterised a = tanh(mean + std * eps), its log-prob, and tanh(mean).
@@ -65,6 +67,71 @@ class TanhGaussianActor(nn.Module):
         gaussian = (-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         squash = (2 * (math.log(2) - x - F.softplus(-2 * x))).sum(-1)
         return torch.tanh(x), gaussian - squash, torch.tanh(mean)
+
+
+class TanhGaussianActor(SquashedGaussianActor):
+    """Mean and log std from one MLP (in bf16 if `bf16`), as CleanRL's SAC."""
+
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden: list[int], bf16: bool = False
+    ) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, 2 * action_dim)
+        self.bf16 = bf16
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = run_mixed(self.net, obs.flatten(1).float(), self.bf16).chunk(2, dim=-1)
+        # CleanRL's smooth squash into [LOG_STD_MIN, LOG_STD_MAX]: a gradient everywhere.
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+
+class SDETanhGaussianActor(SquashedGaussianActor):
+    """gSDE's actor: the pre-tanh noise is linear in the last hidden layer's features,
+    eps(s) = phi(s) @ theta with theta ~ N(0, sigma^2) of shape `[features, actions]`
+    (sigma = exp(log_std), learned; SB3's `full_std`).
+
+    Acting holds one theta per env for several steps (`SAC.act`). Over theta the
+    pre-tanh action is Gaussian with std sqrt(phi(s)^2 @ sigma^2), which `forward`
+    returns, so the losses sample and score it as the plain actor's Gaussian: one
+    independent theta per transition, where SB3 shares one matrix over a batch (the
+    same distribution per transition, less correlated across the batch). The features
+    keep their gradient through the std (SB3 SAC's `learn_features`).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden: list[int],
+        log_std_init: float,
+        bf16: bool = False,
+    ) -> None:
+        super().__init__()
+        if not hidden:
+            raise ValueError("SAC with model.sde needs at least one hidden layer in algo.hidden")
+        self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1]), nn.ReLU())
+        self.mean = nn.Linear(hidden[-1], action_dim)
+        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), log_std_init))
+        self.in_dim, self.action_dim, self.bf16 = hidden[-1], action_dim, bf16
+
+    def features(self, obs: Tensor) -> Tensor:
+        """phi(s) `[B, features]`, in float32."""
+        return run_mixed(self.body, obs.flatten(1).float(), self.bf16)
+
+    def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """The clipped mean and the log std of the pre-tanh action, given phi(s)."""
+        mean = self.mean(features).clamp(-SDE_MEAN_CLIP, SDE_MEAN_CLIP)
+        variance = features.square() @ self.log_std.exp().square()
+        return mean, 0.5 * torch.log(variance + SDE_EPS)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.head(self.features(obs))
+
+    def sample_exploration(self, n: int) -> Tensor:
+        """`n` fresh noise matrices theta `[n, features, actions]`, entries N(0, sigma^2)."""
+        std = self.log_std.exp()
+        return torch.randn(n, *std.shape, device=std.device) * std
 
 
 class SAC(OffPolicyAlgorithm):
@@ -83,17 +150,32 @@ class SAC(OffPolicyAlgorithm):
         device: str = "cpu",
     ) -> None:
         super().__init__(cfg, obs_space, action_space, model_cfg, device)
-        self.build_networks(
-            TanhGaussianActor(self.obs_dim, self.action_dim, cfg.hidden, bf16=self.bf16)
-        )
+        if model_cfg.sde:
+            actor: SquashedGaussianActor = SDETanhGaussianActor(
+                self.obs_dim, self.action_dim, cfg.hidden, model_cfg.log_std_init, self.bf16
+            )
+        else:
+            actor = TanhGaussianActor(self.obs_dim, self.action_dim, cfg.hidden, bf16=self.bf16)
+        self.build_networks(actor)
         self.log_alpha = torch.tensor(
             math.log(cfg.alpha_init), device=self.device, requires_grad=True
         )
         self.target_entropy = -float(self.action_dim)
         self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=cfg.lr, fused=True)
 
+    @classmethod
+    def check_model(cls, model_cfg: ModelConfig) -> None:
+        """SAC takes gSDE (`model.sde`); its other model fields are not read."""
+
     def deterministic_actor(self) -> nn.Module:
         return _TanhMean(self.actor)
+
+    def acting_state(self, num_envs: int) -> np.ndarray | None:
+        """With `model.sde`, each env's held gSDE noise `[N, 1 + features x actions]`: the
+        steps it has been held, then the matrix (zero steps: draw one at the next act)."""
+        if not isinstance(self.actor, SDETanhGaussianActor):
+            return None
+        return np.zeros((num_envs, 1 + self.actor.in_dim * self.action_dim), np.float32)
 
     @property
     def alpha(self) -> Tensor:
@@ -107,14 +189,38 @@ class SAC(OffPolicyAlgorithm):
         first: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-        """Sample from pi (deterministic: tanh(mean)); `policy_action` is tanh(mean) either way."""
-        action, _, mode = self.actor.sample(
-            self.normalize(torch.as_tensor(obs, device=self.device))
-        )
+        """Sample from pi (deterministic: tanh(mean)); `policy_action` is tanh(mean) either way.
+
+        With `model.sde` the sample is tanh(mean + phi(s) @ theta) with each env's held
+        theta (`state`), drawn afresh every `model.sde_sample_freq` steps (-1: every
+        `algo.unroll_length`) as SB3 redraws it per rollout; the greedy action leaves
+        the state as it is.
+        """
+        x = self.normalize(torch.as_tensor(obs, device=self.device))
+        actor = self.actor
+        if not isinstance(actor, SDETanhGaussianActor):
+            action, _, mode = actor.sample(x)
+            next_state = None
+        else:
+            features = actor.features(x)
+            mean, _ = actor.head(features)
+            mode, next_state = torch.tanh(mean), state
+            if not deterministic:
+                held = self.acting_state(len(obs)) if state is None else state
+                freq = self.model_cfg.sde_sample_freq
+                freq = self.cfg.unroll_length if freq == -1 else freq
+                theta, held_out = advance_held_noise(
+                    torch.as_tensor(held, device=self.device),
+                    (actor.in_dim, self.action_dim),
+                    freq,
+                    actor.sample_exploration,
+                )
+                action = torch.tanh(mean + torch.bmm(features.unsqueeze(1), theta).squeeze(1))
+                next_state = held_out.cpu().numpy()
         if deterministic:
             action = mode
         extras = {"policy_action": self.to_env(mode).cpu().numpy()}
-        return self.to_env(action).cpu().numpy(), extras, None
+        return self.to_env(action).cpu().numpy(), extras, next_state
 
     @torch.no_grad()
     def target(
@@ -176,15 +282,18 @@ class SAC(OffPolicyAlgorithm):
         actor_loss = (self.alpha * logp - q_pi).mean()
         self.gradient_step(self.optimizers["actor"], actor_loss)
 
-        alpha_loss = self.alpha_loss(logp)
-        self.gradient_step(self.optimizers["alpha"], alpha_loss)
+        metrics = {}
+        if self.cfg.learn_alpha:
+            alpha_loss = self.alpha_loss(logp)
+            self.gradient_step(self.optimizers["alpha"], alpha_loss)
+            metrics["alpha_loss"] = alpha_loss.item()
 
         polyak(self.critic_target, self.critic, self.cfg.tau)
         self.after_target_update()
         return {
             "critic_loss": critic_loss.item(),
             "actor_loss": actor_loss.item(),
-            "alpha_loss": alpha_loss.item(),
+            **metrics,
             "alpha": self.alpha.item(),
             "entropy": -logp.mean().item(),
             "q_mean": q[0].mean().item(),
@@ -203,7 +312,7 @@ class SAC(OffPolicyAlgorithm):
 class _TanhMean(nn.Module):
     """SAC's deterministic action, tanh(mean), in tanh units."""
 
-    def __init__(self, actor: TanhGaussianActor) -> None:
+    def __init__(self, actor: SquashedGaussianActor) -> None:
         super().__init__()
         self.actor = actor
 

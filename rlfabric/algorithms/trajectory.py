@@ -28,7 +28,7 @@ from torch import Tensor
 from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
 from rlfabric.algorithms.optim import RMSpropTF
 from rlfabric.models import ActorCritic, ModelConfig, RewardScaler
-from rlfabric.models.networks import SDEGaussianHead
+from rlfabric.models.networks import SDEGaussianHead, advance_held_noise
 
 
 class ActorCriticConfig(TrajectoryConfig):
@@ -208,12 +208,8 @@ class ActorCriticAlgorithm(Algorithm):
         head = self.model.policy
         freq = self.model_cfg.sde_sample_freq
         freq = self.cfg.unroll_length if freq == -1 else freq
-        steps = held[:, 0]
-        noise = held[:, 1:].reshape(-1, head.in_dim, head.action_dim).clone()
-        fresh = steps == 0
-        if bool(fresh.any()):
-            noise[fresh] = head.sample_exploration(int(fresh.sum()))
-        state = torch.cat([torch.remainder(steps + 1, freq)[:, None], noise.flatten(1)], dim=1)
+        shape = (head.in_dim, head.action_dim)
+        noise, state = advance_held_noise(held, shape, freq, head.sample_exploration)
         return head.explore(params, noise), state
 
     def greedy_policy(self) -> torch.nn.Module:

@@ -59,7 +59,7 @@ class ModelConfig(BaseModel):
         False,
         description="generalized state-dependent exploration (gSDE, SB3's use_sde) for "
         "continuous actions: noise linear in the policy's features, its matrix held per env "
-        "for sde_sample_freq steps; on-policy algorithms, without an LSTM core",
+        "for sde_sample_freq steps; the on-policy algorithms (without an LSTM core) and SAC",
     )
     sde_sample_freq: int = Field(
         -1,

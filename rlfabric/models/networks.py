@@ -8,6 +8,7 @@ that the initial policy is near uniform and the initial values near zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -157,6 +158,25 @@ class SDEGaussianHead(nn.Module):
         """Actions `[n, actions]`: the mean plus phi(s) @ theta, one theta per row."""
         latent = params[..., -self.in_dim :]
         return self.mode(params) + torch.bmm(latent.unsqueeze(1), exploration).squeeze(1)
+
+
+def advance_held_noise(
+    held: torch.Tensor, shape: tuple[int, int], freq: int, draw: Callable[[int], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each env's gSDE noise matrix for this step, and the acting state after it.
+
+    `held [N, 1 + features x actions]` is per env the steps its matrix has been held
+    (modulo `freq`), then the flattened matrix of `shape`. A count of 0 means the
+    matrix is due: `draw(n)` gives `n` fresh ones. The on-policy head and SAC's gSDE
+    actor share this, so both hold their noise the same way (SB3's `sde_sample_freq`).
+    """
+    steps = held[:, 0]
+    noise = held[:, 1:].reshape(-1, *shape).clone()
+    fresh = steps == 0
+    if bool(fresh.any()):
+        noise[fresh] = draw(int(fresh.sum()))
+    state = torch.cat([torch.remainder(steps + 1, freq)[:, None], noise.flatten(1)], dim=1)
+    return noise, state
 
 
 def is_image_space(space: gym.Space) -> bool:
