@@ -65,6 +65,13 @@ def test_sac_actor_scores_the_squashed_gaussian_its_held_noise_gives():
     torch.testing.assert_close(mode, torch.tanh(mean))
 
 
+def test_sac_actor_without_hidden_layers_explores_on_the_observation():
+    actor = SDETanhGaussianActor(obs_dim=3, action_dim=2, hidden=[], log_std_init=-1.0)
+    obs = torch.randn(4, 3)
+    torch.testing.assert_close(actor.features(obs), obs)
+    assert actor.sample_exploration(5).shape == (5, 3, 2)
+
+
 def test_sac_actor_clips_its_mean_as_sb3():
     actor = SDETanhGaussianActor(obs_dim=3, action_dim=1, hidden=[4], log_std_init=-3.0)
     with torch.no_grad():

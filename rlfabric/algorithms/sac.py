@@ -108,12 +108,13 @@ class SDETanhGaussianActor(SquashedGaussianActor):
         bf16: bool = False,
     ) -> None:
         super().__init__()
-        if not hidden:
-            raise ValueError("SAC with model.sde needs at least one hidden layer in algo.hidden")
-        self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1]), nn.ReLU())
-        self.mean = nn.Linear(hidden[-1], action_dim)
-        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), log_std_init))
-        self.in_dim, self.action_dim, self.bf16 = hidden[-1], action_dim, bf16
+        # No hidden layers: the features are the observation itself (a linear policy).
+        body = [mlp(obs_dim, hidden[:-1], hidden[-1]), nn.ReLU()] if hidden else []
+        self.body = nn.Sequential(*body)
+        self.in_dim = hidden[-1] if hidden else obs_dim
+        self.mean = nn.Linear(self.in_dim, action_dim)
+        self.log_std = nn.Parameter(torch.full((self.in_dim, action_dim), log_std_init))
+        self.action_dim, self.bf16 = action_dim, bf16
 
     def features(self, obs: Tensor) -> Tensor:
         """phi(s) `[B, features]`, in float32."""
