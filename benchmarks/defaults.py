@@ -57,6 +57,7 @@ TARGETS = [
     Target("MountainCar-v0", ON_POLICY, ALL_ARCHS, -110.0, 100, 2_000_000),
     Target("ALE/Pong-v5", ON_POLICY, ("seed",), None, 10, 200_000),
     Target("HalfCheetah-v5", OFF_POLICY, ("seed",), None, 10, 20_000),
+    Target("HalfCheetah-v5", ON_POLICY, ("seed",), None, 10, 300_000),
 ]
 
 
