@@ -198,30 +198,35 @@ class SAC(OffPolicyAlgorithm):
         the state as it is.
         """
         x = self.normalize(torch.as_tensor(obs, device=self.device))
-        actor = self.actor
-        if not isinstance(actor, SDETanhGaussianActor):
-            action, _, mode = actor.sample(x)
-            next_state = None
+        if isinstance(self.actor, SDETanhGaussianActor):
+            action, mode, next_state = self._sde_sample(x, state, deterministic)
         else:
-            features = actor.features(x)
-            mean, _ = actor.head(features)
-            mode, next_state = torch.tanh(mean), state
-            if not deterministic:
-                held = self.acting_state(len(obs)) if state is None else state
-                freq = self.model_cfg.sde_sample_freq
-                freq = self.cfg.unroll_length if freq == -1 else freq
-                theta, held_out = advance_held_noise(
-                    torch.as_tensor(held, device=self.device),
-                    (actor.in_dim, self.action_dim),
-                    freq,
-                    actor.sample_exploration,
-                )
-                action = torch.tanh(mean + torch.bmm(features.unsqueeze(1), theta).squeeze(1))
-                next_state = held_out.cpu().numpy()
+            (action, _, mode), next_state = self.actor.sample(x), None
         if deterministic:
             action = mode
         extras = {"policy_action": self.to_env(mode).cpu().numpy()}
         return self.to_env(action).cpu().numpy(), extras, next_state
+
+    def _sde_sample(
+        self, obs: Tensor, state: np.ndarray | None, deterministic: bool
+    ) -> tuple[Tensor, Tensor, np.ndarray | None]:
+        """tanh(mean + phi(s) @ theta) with each env's held theta, tanh(mean), and the
+        held noise after this step (as it was, for a greedy step)."""
+        actor = self.actor
+        features = actor.features(obs)
+        mean, _ = actor.head(features)
+        if deterministic:
+            return torch.tanh(mean), torch.tanh(mean), state
+        held = self.acting_state(len(obs)) if state is None else state
+        freq = self.model_cfg.sde_sample_freq
+        theta, held_out = advance_held_noise(
+            torch.as_tensor(held, device=self.device),
+            (actor.in_dim, self.action_dim),
+            self.cfg.unroll_length if freq == -1 else freq,
+            actor.sample_exploration,
+        )
+        action = torch.tanh(mean + torch.bmm(features.unsqueeze(1), theta).squeeze(1))
+        return action, torch.tanh(mean), held_out.cpu().numpy()
 
     @torch.no_grad()
     def target(
@@ -283,7 +288,7 @@ class SAC(OffPolicyAlgorithm):
         actor_loss = (self.alpha * logp - q_pi).mean()
         self.gradient_step(self.optimizers["actor"], actor_loss)
 
-        metrics = {}
+        metrics: dict[str, float] = {}
         if self.cfg.learn_alpha:
             alpha_loss = self.alpha_loss(logp)
             self.gradient_step(self.optimizers["alpha"], alpha_loss)
