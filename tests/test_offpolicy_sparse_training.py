@@ -59,12 +59,12 @@ def test_seed_learns_pendulum(tmp_path, ray_session):
 @pytest.mark.parametrize("arch", ["impala", "ga3c"])
 def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
     """RLx2 under both: the ratio holds, and the checkpointed networks are exactly sparse."""
-    algo = {"name": "td3", **FAST, "warmup_steps": 500, "updates_per_step": 0.5}
-    sparse = {"actor": 0.9, "critic": 0.85, "delta": 100}  # topology updates every 100 steps
-    result = _fit(tmp_path, arch, algo, 2_500, sparse=sparse)
+    algo = {"name": "td3", **FAST, "warmup_steps": 300, "updates_per_step": 0.5}
+    sparse = {"actor": 0.9, "critic": 0.85, "delta": 50}  # topology updates every 50 steps
+    result = _fit(tmp_path, arch, algo, 1_500, sparse=sparse)
     m = result.metrics
-    assert m["env_frames"] >= 2_500
-    owed = (m["replay_stored"] - 500) * 0.5
+    assert m["env_frames"] >= 1_500
+    owed = (m["replay_stored"] - 300) * 0.5
     # Ratio kept: trainers are at most one unroll (4 updates) behind, plus one update in
     # flight, plus an unroll stored between the two reads of this metrics snapshot.
     assert owed - 2 * 8 <= m["updates"] <= owed
@@ -75,7 +75,8 @@ def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
     state = load_checkpoint(Path(result.checkpoint))["algorithm"]
     masks = state["sparse"]["actor"]["masks"]
     weights = state["networks"]["actor"]
-    assert state["sparse"]["actor"]["step_count"] > 300  # three topology updates or more
+    # 600 updates, one actor step in two (TD3's delay): three topology updates or more.
+    assert state["sparse"]["actor"]["step_count"] > 150
     for name, mask in masks.items():
         weight = weights[f"{name}.weight"]
         assert not weight[~mask].any(), name  # dropped connections are exactly zero
@@ -84,11 +85,11 @@ def test_sparse_replay_runs_under_impala_and_ga3c(tmp_path, ray_session, arch):
 def test_replay_buffer_in_its_own_actor(tmp_path, ray_session):
     # Warm-up for most of the run: each update samples through the actor (a remote call),
     # and a few hundred of them show the ratio as well as a thousand.
-    algo = {"name": "sac", **FAST, "warmup_steps": 1_000, "batch_size": 64}
-    result = _fit(tmp_path, "seed", algo, 1_500, resources={"replay_actor": True})
+    algo = {"name": "sac", **FAST, "warmup_steps": 600, "batch_size": 64}
+    result = _fit(tmp_path, "seed", algo, 1_000, resources={"replay_actor": True})
     m = result.metrics
-    assert m["replay_size"] == m["replay_stored"] >= 1_500 - 4 * 8
-    assert m["replay_stored"] - 1_000 - 3 * 8 <= m["updates"] <= m["replay_stored"] - 1_000
+    assert m["replay_size"] == m["replay_stored"] >= 1_000 - 4 * 8
+    assert m["replay_stored"] - 600 - 3 * 8 <= m["updates"] <= m["replay_stored"] - 600
     assert m["updates"] > 0
     # The final checkpoint and the last record are one moment (taken under the learner's
     # locks together), although runners go on adding until they are stopped.

@@ -181,7 +181,7 @@ def test_seed_replaces_a_crashed_env_runner(ray_session, tmp_path):
         ("ALE/Pong-v5", "seed", {}),
         ("ALE/Pong-v5", "seed", {"lstm": 32}),
         ("InvertedPendulum-v5", "seed", {}),
-        ("ALE/Pong-v5", "local", {}),
+        pytest.param("ALE/Pong-v5", "local", {}, marks=pytest.mark.slow),  # the family is seed's
     ],
 )
 def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch, model):
