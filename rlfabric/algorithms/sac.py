@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
 from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
-from rlfabric.models.networks import SDE_EPS, advance_held_noise
+from rlfabric.models.networks import SDE_EPS, advance_held_noise, draw_noise_matrices
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 SDE_MEAN_CLIP = 2.0
@@ -130,9 +130,7 @@ class SDETanhGaussianActor(SquashedGaussianActor):
         return self.head(self.features(obs))
 
     def sample_exploration(self, n: int) -> Tensor:
-        """`n` fresh noise matrices theta `[n, features, actions]`, entries N(0, sigma^2)."""
-        std = self.log_std.exp()
-        return torch.randn(n, *std.shape, device=std.device) * std
+        return draw_noise_matrices(self.log_std, n)
 
 
 class SAC(OffPolicyAlgorithm):
@@ -198,25 +196,24 @@ class SAC(OffPolicyAlgorithm):
         the state as it is.
         """
         x = self.normalize(torch.as_tensor(obs, device=self.device))
-        if isinstance(self.actor, SDETanhGaussianActor):
-            action, mode, next_state = self._sde_sample(x, state, deterministic)
+        if deterministic:
+            mode = torch.tanh(self.actor(x)[0])
+            action, next_state = mode, state
+        elif isinstance(self.actor, SDETanhGaussianActor):
+            action, mode, next_state = self._sde_sample(x, state)
         else:
             (action, _, mode), next_state = self.actor.sample(x), None
-        if deterministic:
-            action = mode
         extras = {"policy_action": self.to_env(mode).cpu().numpy()}
         return self.to_env(action).cpu().numpy(), extras, next_state
 
     def _sde_sample(
-        self, obs: Tensor, state: np.ndarray | None, deterministic: bool
-    ) -> tuple[Tensor, Tensor, np.ndarray | None]:
+        self, obs: Tensor, state: np.ndarray | None
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
         """tanh(mean + phi(s) @ theta) with each env's held theta, tanh(mean), and the
-        held noise after this step (as it was, for a greedy step)."""
+        held noise after this step."""
         actor = self.actor
         features = actor.features(obs)
         mean, _ = actor.head(features)
-        if deterministic:
-            return torch.tanh(mean), torch.tanh(mean), state
         held = self.acting_state(len(obs)) if state is None else state
         freq = self.model_cfg.sde_sample_freq
         theta, held_out = advance_held_noise(

@@ -150,14 +150,19 @@ class SDEGaussianHead(nn.Module):
         return params[..., : self.action_dim]
 
     def sample_exploration(self, n: int) -> torch.Tensor:
-        """`n` fresh noise matrices theta `[n, features, actions]`, each entry N(0, sigma^2)."""
-        std = self.log_std.exp()
-        return torch.randn(n, *std.shape, device=std.device) * std
+        return draw_noise_matrices(self.log_std, n)
 
     def explore(self, params: torch.Tensor, exploration: torch.Tensor) -> torch.Tensor:
         """Actions `[n, actions]`: the mean plus phi(s) @ theta, one theta per row."""
         latent = params[..., -self.in_dim :]
         return self.mode(params) + torch.bmm(latent.unsqueeze(1), exploration).squeeze(1)
+
+
+def draw_noise_matrices(log_std: torch.Tensor, n: int) -> torch.Tensor:
+    """`n` fresh gSDE noise matrices theta `[n, features, actions]`, each entry
+    N(0, sigma^2) with sigma = exp(log_std `[features, actions]`)."""
+    std = log_std.exp()
+    return torch.randn(n, *std.shape, device=std.device) * std
 
 
 def advance_held_noise(
