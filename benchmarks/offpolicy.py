@@ -27,10 +27,17 @@ by the same factor, --max-steps / N (issue 12: 300k of the paper's 3M steps,
 
 Each run lives in `--logdir/<algo>_<variant>_s<seed>/` and checkpoints every
 --checkpoint-s seconds. Run the same command again after an interruption: a
-finished run (its `row.json` is there, for the same --max-steps) is read back, an
+finished run (its row is there, for the same --max-steps) is read back, an
 unfinished one (or one given a new --max-steps) resumes from its newest
 checkpoint. --thresholds with no value trains every run to --max-steps; --json
 writes the comparison (one algorithm) with its curves, and a PNG of them beside it.
+
+With --json each finished run's row is also kept beside it, in
+`<json stem>_rows/<algo>_<variant>_s<seed>.json`, and read back from there: commit
+those and a comparison longer than one sitting survives the loss of its run
+folders (checkpoints are too big to commit). --train VARIANT:SEED ... trains only
+those of the missing runs now; the comparison is written from the rows there are,
+naming the ones still missing.
 
     python benchmarks/offpolicy.py --env Pendulum-v1 --algos sac,td3 --variants dense,rigl \\
         --actor 0.9 --critic 0.9 --max-steps 30000 --thresholds -250 -200
@@ -39,7 +46,7 @@ writes the comparison (one algorithm) with its curves, and a PNG of them beside 
     python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos td3 --actor 0.9 --critic 0.85 \\
         --variants dense,rlx2,rigl,set,static --seeds 0 1 --max-steps 300000 \\
         --paper-steps 3000000 --thresholds --jobs 2 --logdir runs/rlx2_300k \\
-        --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
+        --json benchmarks/results/rlx2_halfcheetah_td3_300k.json --train set:1 static:1
 """
 
 from __future__ import annotations
@@ -106,15 +113,30 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
     return out
 
 
+def run_name(job: dict[str, Any]) -> str:
+    return f"{job['algo']}_{job['variant']}_s{job['seed']}"
+
+
+def saved_row(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The finished row of `job` (from the kept rows, else its run folder), if it was
+    trained to the same --max-steps; a row for another budget is resumed to this one."""
+    folder = Path(job["logdir"]) / run_name(job)
+    for path in (
+        job["rows"] / f"{run_name(job)}.json" if job["rows"] else None,
+        folder / "row.json",
+    ):
+        if path is not None and path.exists():
+            row = json.loads(path.read_text())
+            if row["max_steps"] == job["max_steps"]:
+                return row
+    return None
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
-    """Train (or resume, or read back) and evaluate one (algo, variant, seed); runs in its
-    own process. The row is saved as `row.json` in the run folder once complete."""
+    """Train (or resume) and evaluate one (algo, variant, seed); runs in its own process.
+    The row is saved as `row.json` in the run folder, and in the kept rows, once complete."""
     torch.set_num_threads(job["threads"])
-    folder = Path(job["logdir"]) / f"{job['algo']}_{job['variant']}_s{job['seed']}"
-    if (folder / "row.json").exists():
-        row = json.loads((folder / "row.json").read_text())
-        if row["max_steps"] == job["max_steps"]:  # else: resume it to the new budget
-            return row
+    folder = Path(job["logdir"]) / run_name(job)
     overrides = [
         f"run.stop.env_frames={job['max_steps']}",
         f"run.seed={job['seed']}",
@@ -166,15 +188,23 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         ],
     }
     (folder / "row.json").write_text(json.dumps(row))
+    if job["rows"]:
+        job["rows"].mkdir(parents=True, exist_ok=True)
+        (job["rows"] / f"{run_name(job)}.json").write_text(json.dumps(row) + "\n")
     return row
 
 
-def comparison(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """The issue-12 result: per variant the greedy evaluation over seeds and the sizes."""
+def comparison(
+    rows: list[dict[str, Any]], missing: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The issue-12 result: per variant the greedy evaluation over the seeds that have
+    finished, and the sizes; `missing` names the runs not finished yet."""
     dense = [r for r in rows if r["variant"] == "dense"]
     variants = {}
     for variant in args.variants.split(","):
         mine = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["seed"])
+        if not mine:
+            continue
         variants[variant] = {
             "eval_return_mean": statistics.mean(r["eval_return"] for r in mine),
             "per_seed": [
@@ -200,9 +230,26 @@ def comparison(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
             **(paper_schedule(algo, factor) if factor else {}),
         },
         "variants": variants,
+        "missing": missing,
         "curves": {f"{r['variant']} s{r['seed']}": r["curve"] for r in rows},
         "command": "python benchmarks/offpolicy.py " + " ".join(sys.argv[1:]),
     }
+
+
+def report(row: dict[str, Any]) -> None:
+    """One run's line: thresholds reached, returns, sizes."""
+    hits = "  ".join(
+        f"{t:g}: " + ("not reached" if steps is None else f"{steps:,} steps {wall:.0f} s")
+        for t, steps, wall in row["reached"]
+    )
+    print(
+        f"{row['algo']:>4} {row['variant']:>6} seed {row['seed']}: {row['steps']:,} steps "
+        f"{row['wall_s']:.0f} s | {hits} | train {row['train_return']:.0f} "
+        f"eval {row['eval_return']:.0f} | sparsity {row['sparsity'][0]:.2f}/"
+        f"{row['sparsity'][1]:.2f}, {row['params']:,} params, inference FLOPs "
+        f"{row['inference_flops']:.3f}, training FLOPs {row['train_flops']:.3f} of dense",
+        flush=True,
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -239,6 +286,13 @@ def main() -> None:
     parser.add_argument("--arch", default="local")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one process each)")
     parser.add_argument("--logdir", default="runs/bench-offpolicy")
+    parser.add_argument(
+        "--train",
+        nargs="+",
+        default=None,
+        metavar="VARIANT:SEED",
+        help="train only these of the missing runs now (default: every missing run)",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted spec overrides for every run")
     args = parser.parse_args()
     for variant in args.variants.split(","):
@@ -249,6 +303,7 @@ def main() -> None:
     if args.json and "," in args.algos:
         parser.error("--json writes one algorithm's comparison; give one in --algos")
     threads = 1 if args.jobs > 1 else 2
+    rows_dir = args.json.with_name(f"{args.json.stem}_rows") if args.json else None
     jobs = []
     for algo in args.algos.split(","):
         cfg = ALGORITHMS[algo].config_cls()
@@ -267,6 +322,7 @@ def main() -> None:
                         "logdir": args.logdir,
                         "threads": threads,
                         "checkpoint_s": args.checkpoint_s,
+                        "rows": rows_dir,
                         "overrides": [
                             *variant_overrides(variant, algo, args, updates),
                             *args.overrides,
@@ -282,22 +338,25 @@ def main() -> None:
         f"{args.jobs} run(s) at once, {threads} torch thread(s) each",
         flush=True,
     )
-    rows = []
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for row in pool.map(run_one, jobs):
+    wanted = None if args.train is None else set(args.train)
+    if wanted is not None:
+        unknown = wanted - {f"{job['variant']}:{job['seed']}" for job in jobs}
+        if unknown:
+            parser.error(f"--train names runs not in --variants x --seeds: {sorted(unknown)}")
+    rows, missing, to_train = [], [], []
+    for job in jobs:
+        row = saved_row(job)
+        if row is not None:
             rows.append(row)
-            hits = "  ".join(
-                f"{t:g}: " + ("not reached" if steps is None else f"{steps:,} steps {wall:.0f} s")
-                for t, steps, wall in row["reached"]
-            )
-            print(
-                f"{row['algo']:>4} {row['variant']:>6} seed {row['seed']}: {row['steps']:,} steps "
-                f"{row['wall_s']:.0f} s | {hits} | train {row['train_return']:.0f} "
-                f"eval {row['eval_return']:.0f} | sparsity {row['sparsity'][0]:.2f}/"
-                f"{row['sparsity'][1]:.2f}, {row['params']:,} params, inference FLOPs "
-                f"{row['inference_flops']:.3f}, training FLOPs {row['train_flops']:.3f} of dense",
-                flush=True,
-            )
+            report(row)
+        elif wanted is None or f"{job['variant']}:{job['seed']}" in wanted:
+            to_train.append(job)
+        else:
+            missing.append(run_name(job))
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for row in pool.map(run_one, to_train):
+            rows.append(row)
+            report(row)
     print(
         f"\n{'algo':>4} {'variant':>7} {'eval mean':>10} {'eval sd':>8} {'% dense':>8} "
         f"{'params':>9} {'infer FLOPs':>12} {'train FLOPs':>12}"
@@ -306,6 +365,8 @@ def main() -> None:
         dense = [r["eval_return"] for r in rows if r["algo"] == algo and r["variant"] == "dense"]
         for variant in args.variants.split(","):
             mine = [r for r in rows if r["algo"] == algo and r["variant"] == variant]
+            if not mine:
+                continue
             evals = [r["eval_return"] for r in mine]
             mean = statistics.mean(evals)
             sd = statistics.stdev(evals) if len(evals) > 1 else 0.0
@@ -320,8 +381,10 @@ def main() -> None:
                 f"{mine[0]['train_flops']:>12.3f}"
             )
 
+    if missing:
+        print(f"\nnot trained yet: {', '.join(missing)}")
     if args.json:
-        result = comparison(rows, args)
+        result = comparison(rows, missing, args)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         plot(result, args.json.with_suffix(".png"))
