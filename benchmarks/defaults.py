@@ -10,6 +10,8 @@ the exit status is 1 if a row missed.
 
     python benchmarks/defaults.py                                  # the whole matrix
     python benchmarks/defaults.py --envs CartPole-v1 --archs seed --algos vtrace --seeds 1
+    python benchmarks/defaults.py --envs CartPole-v1,Pendulum-v1 --algos vtrace,a3c,ppo,sac,td3 \
+        --json benchmarks/results/defaults_cartpole_pendulum.json   # issue 10's matrix
 
 `--set section.field=value ...` applies overrides on top of the names, for ablations
 (what a preset value buys); such rows are no names-only rows, and say so (`+set`).
@@ -18,10 +20,13 @@ the exit status is 1 if a row missed.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from rlfabric import Platform
 from rlfabric.architectures import ARCHITECTURES
@@ -123,7 +128,19 @@ def row(env: str, arch: str, algo: str, target: Target, runs: list[Run]) -> dict
         "final": statistics.median(r.final_return for r in runs),
         "target": target.return_mean,
         "ok": ok,
+        "runs": [asdict(r) for r in runs],
     }
+
+
+def finite(value: object) -> object:
+    """`value` with every infinite float (a missed target) as None: JSON has no inf."""
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 def format_table(rows: list[dict]) -> str:
@@ -158,6 +175,7 @@ def main() -> int:
     parser.add_argument("--algos", help="comma-separated subset (default: each env's)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
     parser.add_argument("--logdir", default="runs/defaults")
+    parser.add_argument("--json", type=Path, help="also write the rows, each seed's run in each")
     parser.add_argument(
         "--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides (ablations)"
     )
@@ -187,6 +205,11 @@ def main() -> int:
     print(format_table(rows))
     missed = [r for r in rows if not r["ok"]]
     print(f"\n{len(rows) - len(missed)}/{len(rows)} rows reached their targets")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        command = "python benchmarks/defaults.py " + " ".join(sys.argv[1:])
+        args.json.write_text(json.dumps({"command": command, "rows": finite(rows)}, indent=1))
+        print(f"wrote {args.json}")
     return 1 if missed else 0
 
 

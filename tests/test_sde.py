@@ -159,10 +159,9 @@ def test_a_discrete_head_is_not_touched():
 
 
 def test_impala_runners_carry_the_noise_and_train(ray_session, tmp_path):
-    """IMPALA holds each env's noise in its runner (the learner-side architectures run the
-    gSDE presets under `local` in `test_presets`; off-policy acting state under IMPALA is
-    `test_td3_ou_exploration_is_carried_in_impala_actors`'s, and SAC's gSDE runs under
-    `local` in `test_presets`)."""
+    """IMPALA holds each env's noise in its runner. The gSDE presets, SAC's included, run
+    under `local` in `test_presets`; off-policy acting state under IMPALA is
+    `test_td3_ou_exploration_is_carried_in_impala_actors`'s."""
     run = {"stop": {"env_frames": 1_200}, "display": "none", "logdir": str(tmp_path)}
     result = Platform(
         arch="impala",
