@@ -10,8 +10,10 @@ the exit status is 1 if a row missed.
 
     python benchmarks/defaults.py                                  # the whole matrix
     python benchmarks/defaults.py --envs CartPole-v1 --archs seed --algos vtrace --seeds 1
-    python benchmarks/defaults.py --envs CartPole-v1,Pendulum-v1 --algos vtrace,a3c,ppo,sac,td3 \
-        --json benchmarks/results/defaults_cartpole_pendulum.json   # issue 10's matrix
+    python benchmarks/defaults.py --envs CartPole-v1 --algos vtrace,a3c,ppo \
+        --json benchmarks/results/defaults_cartpole.json             # issue 10's matrix:
+    python benchmarks/defaults.py --envs Pendulum-v1 --algos sac,td3 \
+        --json benchmarks/results/defaults_pendulum_offpolicy.json   # its two envs
 
 `--set section.field=value ...` applies overrides on top of the names, for ablations
 (what a preset value buys); such rows are no names-only rows, and say so (`+set`).

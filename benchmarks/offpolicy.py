@@ -114,18 +114,18 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
 
 
 def run_name(job: dict[str, Any]) -> str:
+    """The run's folder name, and its kept row's file name."""
     return f"{job['algo']}_{job['variant']}_s{job['seed']}"
 
 
 def saved_row(job: dict[str, Any]) -> dict[str, Any] | None:
     """The finished row of `job` (from the kept rows, else its run folder), if it was
     trained to the same --max-steps; a row for another budget is resumed to this one."""
-    folder = Path(job["logdir"]) / run_name(job)
-    for path in (
-        job["rows"] / f"{run_name(job)}.json" if job["rows"] else None,
-        folder / "row.json",
-    ):
-        if path is not None and path.exists():
+    paths = [Path(job["logdir"]) / run_name(job) / "row.json"]
+    if job["rows"]:
+        paths.insert(0, job["rows"] / f"{run_name(job)}.json")
+    for path in paths:
+        if path.exists():
             row = json.loads(path.read_text())
             if row["max_steps"] == job["max_steps"]:
                 return row
@@ -291,7 +291,8 @@ def main() -> None:
         nargs="+",
         default=None,
         metavar="VARIANT:SEED",
-        help="train only these of the missing runs now (default: every missing run)",
+        help="train only these of the missing runs now (default: every missing run); "
+        "give spec overrides before it",
     )
     parser.add_argument("overrides", nargs="*", help="dotted spec overrides for every run")
     args = parser.parse_args()
