@@ -156,8 +156,8 @@ class ActorCriticAlgorithm(Algorithm):
                 eps=cfg.eps,
                 momentum=cfg.rmsprop_momentum,
             )
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps)
+        else:  # fused: one kernel per step, not one per parameter and moment (same update)
+            self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, fused=True)
 
     @torch.no_grad()
     def act(

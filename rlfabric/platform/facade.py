@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -258,9 +259,13 @@ class Platform:
                     arch.stop()
                 reporter.close()
                 run_log.close()
-                if started_ray:
-                    ray.shutdown()
-                curve = reporter.plot()
+                # The curve draws while Ray shuts down: most of that second is spent
+                # waiting for Ray's processes to exit.
+                with ThreadPoolExecutor(1, thread_name_prefix="plot") as pool:
+                    drawing = pool.submit(reporter.plot)
+                    if started_ray:
+                        ray.shutdown()
+                    curve = drawing.result()
                 final = progress.metrics.get("episode_return_mean")
                 reporter.message(
                     f"stopped: {progress.reason}\n"
