@@ -6,11 +6,16 @@ an interruption (a session that ended, Ctrl-C, a reboot): a seed whose run
 folder holds a checkpoint resumes from it at its frame count, and a seed
 whose run already reached its budget is only read back. When every seed is
 done, the script writes `benchmarks/results/<name>.json` and `<name>.png`
-(the return curves of all seeds on one plot) and prints the result.
+(the return curves of all seeds on one plot) and prints the result. Each
+finished seed's figures and curve are also kept in
+`benchmarks/results/<name>_rows/s<seed>.json` (commit them): a later run with the
+same budget and overrides reads a kept seed back instead of training it, so the
+seeds of one result may come from different sessions. `--jobs 2` trains two seeds
+at once, each in its own process.
 
     python benchmarks/reproduce.py pong_seed_vtrace              # 20M frames, +18 target
     python benchmarks/reproduce.py pong_impala_vtrace pong_ga3c_a3c
-    python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1   # 300k agent steps, eval >= 5000
+    python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1 --jobs 2  # 300k steps, eval >= 5000
     python benchmarks/reproduce.py hopper_td3 --seeds 0 1
     python benchmarks/reproduce.py --list
     python benchmarks/reproduce.py --progress RUN_DIR [RUN_DIR ...]  # any runs, also unfinished
@@ -27,9 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -122,35 +130,69 @@ def first_reaching(records: list[dict[str, Any]], target: float, window: int = 1
     return None if hit.env_frames is None else int(hit.env_frames)
 
 
-def summarize(name: str, repro: Reproduction, folders: list[Path]) -> dict[str, Any]:
+def seed_entry(repro: Reproduction, folder: Path) -> dict[str, Any]:
+    """One finished seed's figures and curve, read from its run folder (MuJoCo: with a
+    greedy evaluation of its final policy, which needs the folder's checkpoint)."""
+    records = read_records(folder / "metrics.jsonl")
+    last = records[-1]
+    entry: dict[str, Any] = {
+        "run": folder.name,
+        "env_frames": int(last["env_frames"]),
+        "agent_steps": int(last["agent_steps"]),
+        "wall_time_s": round(float(last["wall_time_s"]), 1),
+        "final_return": last.get("episode_return_mean"),
+    }
+    if repro.kind == "atari":
+        entry["frames_to_18"] = first_reaching(records, 18.0)
+    else:
+        spec, algorithm = load_policy(folder)
+        entry["eval_return"] = evaluate(algorithm, spec.env, 10).mean
+    entry["curve"] = [
+        [r["env_frames"], r["episode_return_mean"]] for r in records if "episode_return_mean" in r
+    ]
+    return entry
+
+
+def row_path(out: Path, name: str, seed: int) -> Path:
+    """Where a finished seed's entry is kept (committed with the result), so that a seed
+    trained in one session counts in a later one whose run folders are gone."""
+    return out / f"{name}_rows" / f"s{seed}.json"
+
+
+def train_and_record(
+    name: str,
+    repro: Reproduction,
+    seed: int,
+    logdir: Path,
+    checkpoint_s: float,
+    frames: int,
+    out: Path,
+) -> dict[str, Any]:
+    """One seed's entry: read back from its row if one was kept for the same budget and
+    overrides; else trained (or resumed) to `frames`, then kept as a row."""
+    path = row_path(out, name, seed)
+    setting = {"frames": frames, "overrides": repro.overrides}
+    if path.exists():
+        row = json.loads(path.read_text())
+        if {k: row.get(k) for k in setting} == setting:
+            print(f"{name}-s{seed}: done, read back from {path}")
+            return row["entry"]
+        print(f"{name}-s{seed}: {path} was trained with {row.get('overrides')}; training again")
+    folder = run_seed(name, repro, seed, logdir, checkpoint_s, frames)
+    entry = seed_entry(repro, folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**setting, "seed": seed, "entry": entry}) + "\n")
+    return entry
+
+
+def summarize(name: str, repro: Reproduction, entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The result JSON: the figures the issue names, and each seed's curve."""
-    per_seed, curves = [], {}
-    for folder in folders:
-        records = read_records(folder / "metrics.jsonl")
-        curves[folder.name] = [
-            [r["env_frames"], r["episode_return_mean"]]
-            for r in records
-            if "episode_return_mean" in r
-        ]
-        last = records[-1]
-        entry: dict[str, Any] = {
-            "run": folder.name,
-            "env_frames": int(last["env_frames"]),
-            "agent_steps": int(last["agent_steps"]),
-            "wall_time_s": round(float(last["wall_time_s"]), 1),
-            "final_return": last.get("episode_return_mean"),
-        }
-        if repro.kind == "atari":
-            entry["frames_to_18"] = first_reaching(records, 18.0)
-        else:
-            spec, algorithm = load_policy(folder)
-            entry["eval_return"] = evaluate(algorithm, spec.env, 10).mean
-        per_seed.append(entry)
+    per_seed = [{k: v for k, v in e.items() if k != "curve"} for e in entries]
     result: dict[str, Any] = {
         "name": name,
         "reference": repro.reference,
         "overrides": repro.overrides,
-        "curves": curves,
+        "curves": {e["run"]: e["curve"] for e in entries},
     }
     if repro.kind == "atari":
         result.update(per_seed[0] if len(per_seed) == 1 else {"per_seed": per_seed})
@@ -229,6 +271,9 @@ def main() -> int:
     parser.add_argument("--logdir", type=Path, default=Path("runs/reproduce"))
     parser.add_argument("--checkpoint-s", type=float, default=300.0)
     parser.add_argument(
+        "--jobs", type=int, default=1, help="seeds trained at once, each in its own process"
+    )
+    parser.add_argument(
         "--frames",
         type=int,
         help="a shorter budget, for a smoke check: results then go to --logdir, not results/",
@@ -267,11 +312,23 @@ def main() -> int:
         repro = REPRODUCTIONS[name]
         repro = replace(repro, overrides=[*repro.overrides, *args.set])
         frames = args.frames or repro.env_frames
-        folders = [
-            run_seed(name, repro, s, args.logdir, args.checkpoint_s, frames) for s in args.seeds
-        ]
-        result = summarize(name, repro, folders)
         out = args.logdir if args.frames else RESULTS
+        train = partial(
+            train_and_record,
+            name,
+            repro,
+            logdir=args.logdir,
+            checkpoint_s=args.checkpoint_s,
+            frames=frames,
+            out=out,
+        )
+        if args.jobs > 1:  # each seed in its own process (and its own embedded Ray)
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+                entries = list(pool.map(train, args.seeds))
+        else:
+            entries = [train(seed) for seed in args.seeds]
+        result = summarize(name, repro, entries)
         out.mkdir(parents=True, exist_ok=True)
         plot(result, out / f"{name}.png")
         (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
