@@ -1,14 +1,14 @@
-"""Cost of one on-policy learner update, names-only preset, Adam fused vs per-parameter.
+"""Cost of one V-trace learner update, names-only preset, Adam fused vs per-parameter.
 
-The update a names-only `Platform(arch="seed", algo=ALGO, env=ENV)` run makes (its
+The update a names-only `Platform(arch="seed", algo="vtrace", env=ENV)` run makes (its
 preset's network, batch and optimizer), on one batch of acted-on observations, timed
 standalone on one torch thread. The same algorithm is built twice: with the Adam the
 platform uses (`fused=True`: one kernel per step) and with torch's default
 per-parameter Adam. Rounds interleave the two so that load from other processes
 spreads over both; each row gives the median and the best round.
 
-    python benchmarks/onpolicy_update.py                        # vtrace, CartPole-v1
-    python benchmarks/onpolicy_update.py --algo a3c --rounds 12
+    python benchmarks/onpolicy_update.py                        # CartPole-v1
+    python benchmarks/onpolicy_update.py --env Acrobot-v1 --rounds 12
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from rlfabric.runtime.learner import make_algorithm
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algo", default="vtrace", choices=["vtrace", "a3c"])
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--updates", type=int, default=200, help="updates per round")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    platform = Platform(arch="seed", algo=args.algo, env=args.env)
+    platform = Platform(arch="seed", algo="vtrace", env=args.env)
     spec = platform.spec
     if spec.algo.optimizer != "adam":
-        parser.error(f"the {args.algo} preset for {args.env} uses {spec.algo.optimizer}, not adam")
+        parser.error(f"the V-trace preset for {args.env} uses {spec.algo.optimizer}, not adam")
     variants = {}
     for fused in (True, False):
         torch.manual_seed(0)
@@ -70,7 +69,7 @@ def main() -> None:
             for _ in range(args.updates):
                 algo.update(batch)
             times[name].append(1000.0 * (time.perf_counter() - start) / args.updates)
-    print(f"{args.env} {args.algo} ({spec.preset}): batch {B} unrolls x {T} steps, 1 thread")
+    print(f"{args.env} vtrace ({spec.preset}): batch {B} unrolls x {T} steps, 1 thread")
     base = statistics.median(times["per-parameter"])
     for name, ms in times.items():
         median = statistics.median(ms)
