@@ -174,10 +174,11 @@ def train_and_record(
     setting = {"frames": frames, "overrides": repro.overrides}
     if path.exists():
         row = json.loads(path.read_text())
-        if {k: row.get(k) for k in setting} == setting:
+        kept = {k: row.get(k) for k in setting}
+        if kept == setting:
             print(f"{name}-s{seed}: done, read back from {path}")
             return row["entry"]
-        print(f"{name}-s{seed}: {path} was trained with {row.get('overrides')}; training again")
+        print(f"{name}-s{seed}: {path} holds a run with {kept}, not {setting}; training again")
     folder = run_seed(name, repro, seed, logdir, checkpoint_s, frames)
     entry = seed_entry(repro, folder)
     path.parent.mkdir(parents=True, exist_ok=True)
