@@ -215,8 +215,13 @@ PROGRESS_MARKS = (1e6, 2e6, 3e6, 4e6, 6e6, 8e6, 10e6, 15e6, 20e6)
 
 def progress(folder: Path) -> str:
     """One table row for a run folder, finished or not: the window's mean return and the
-    policy entropy at the first record at or past each mark, then where the run is."""
+    policy entropy at the first record at or past each mark, then where the run is.
+
+    Raises ValueError naming the folder when it holds no metrics yet (a mistyped path, or
+    a run that has not logged its first record)."""
     records = read_records(folder / "metrics.jsonl")
+    if not records:
+        raise ValueError(f"{folder}: no records in {folder / 'metrics.jsonl'} (not a run folder?)")
     cells = []
     for mark in PROGRESS_MARKS:
         reached = [r for r in records if r["env_frames"] >= mark and "episode_return_mean" in r]
@@ -298,8 +303,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.progress:
-        for folder in args.progress:
-            print(progress(folder))
+        try:
+            for folder in args.progress:
+                print(progress(folder))
+        except ValueError as err:
+            parser.error(str(err))
         return 0
     if args.list or not args.names:
         for name, repro in REPRODUCTIONS.items():

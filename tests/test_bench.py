@@ -1,8 +1,11 @@
-"""`rlfabric bench`: planning (validation before any run, example specs) and its outputs."""
+"""`rlfabric bench`: planning (validation before any run, example specs) and its outputs;
+and `benchmarks/reproduce.py --progress`, which reads any run's curve."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,32 @@ def test_bench_writes_table_json_and_plot(tmp_path):
         (r for r in records if r.get("episode_return_mean", 0) >= 20 and r["episodes"] >= 5), None
     )
     assert rows[0]["frames_to_threshold"] == (hit["env_frames"] if hit else None)
+
+
+def _reproduce(*args: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/reproduce.py as a user runs it (the benchmarks are scripts, not a package)."""
+    script = EXAMPLES.parents[1] / "benchmarks" / "reproduce.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_reproduce_progress_reads_a_curve_and_names_a_folder_without_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [
+        {"env_frames": 500_000, "updates": 10, "episode_return_mean": -21.0, "entropy": 1.79},
+        {"env_frames": 1_000_000, "updates": 20, "episode_return_mean": -20.5, "entropy": 1.7},
+        {"env_frames": 1_500_000, "updates": 30, "episode_return_mean": -19.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = _reproduce("--progress", str(run))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "run: 1M -20.50 (H 1.70) | end 1,500,000 frames, 30 updates, return -19.00"
+    )
+
+    empty = tmp_path / "typo"
+    failed = _reproduce("--progress", str(run), str(empty))
+    assert failed.returncode == 2
+    assert f"{empty}: no records" in failed.stderr
