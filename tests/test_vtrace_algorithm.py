@@ -151,3 +151,31 @@ def test_rho_mean_stays_finite_for_a_huge_log_ratio():
     metrics = algo.update(batch)
     assert np.isfinite(metrics["rho_mean"]) and 0.0 < metrics["rho_mean"] <= 1.0
     assert algo.nonfinite_steps == 0
+
+
+def test_normalized_advantages_enter_the_pg_loss_with_mean_0_std_1():
+    batch = _batch()
+    algo = _algo(loss_reduction="sum", normalize_advantages=True, entropy_cost=0.0)
+    with torch.no_grad():
+        params, values = algo.model(torch.as_tensor(batch["obs"]))
+        logp = algo.model.distribution(params[:-1]).log_prob(torch.as_tensor(batch["action"]))
+    valid = torch.as_tensor(~batch["is_first"][1:]).float()
+    discounts = 0.99 * (1 - torch.as_tensor(batch["terminated"]).float()) * valid
+    ret = vtrace(
+        logp - torch.as_tensor(batch["logp"]),
+        discounts,
+        torch.as_tensor(batch["reward"]),
+        values[:-1],
+        values[-1],
+        valid,
+    )
+    adv = ret.pg_advantages[valid > 0]  # masked steps take no part in the statistics
+    adv_norm = torch.zeros_like(ret.pg_advantages)
+    adv_norm[valid > 0] = (adv - adv.mean()) / (adv.std() + 1e-8)
+    expected = (
+        -(logp * adv_norm * valid).sum() + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
+    )
+    loss, _ = _grads(algo, batch)
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    unnormalized, _ = _grads(_algo(loss_reduction="sum", entropy_cost=0.0), batch)
+    assert unnormalized != pytest.approx(loss, rel=1e-3)

@@ -48,6 +48,8 @@ from rlfabric.algorithms.trajectory import (
     ActorCriticConfig,
     evaluate,
     forward,
+    masked_mean,
+    normalize,
     unroll_steps,
 )
 
@@ -87,19 +89,6 @@ class PPOConfig(ActorCriticConfig):
 def minibatch_indices(size: int, num_minibatches: int) -> list[Tensor]:
     """A random split of `range(size)` (steps or columns) into near-equal groups: each once."""
     return list(torch.randperm(size).tensor_split(num_minibatches))
-
-
-def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
-    """Mean over valid steps; `torch.where` so that inf/nan at masked steps cannot leak."""
-    return torch.where(valid > 0, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1.0)
-
-
-def normalize(advantages: Tensor, valid: Tensor) -> Tensor:
-    """(A - mean) / (std + 1e-8) over the valid steps (CleanRL `norm_adv`, unbiased std)."""
-    mean = masked_mean(advantages, valid)
-    n = valid.sum()
-    var = masked_mean((advantages - mean) ** 2, valid) * n / (n - 1).clamp(min=1.0)
-    return (advantages - mean) / (var.sqrt() + 1e-8)
 
 
 def clipped_policy_loss(

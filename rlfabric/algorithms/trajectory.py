@@ -312,3 +312,16 @@ class _GreedyActorCritic(torch.nn.Module):
         )
         action = self.model.mode(params[0])
         return action if next_state is None else (action, next_state)
+
+
+def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean over valid steps; `torch.where` so that inf/nan at masked steps cannot leak."""
+    return torch.where(valid > 0, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1.0)
+
+
+def normalize(advantages: Tensor, valid: Tensor) -> Tensor:
+    """(A - mean) / (std + 1e-8) over the valid steps (CleanRL `norm_adv`, unbiased std)."""
+    mean = masked_mean(advantages, valid)
+    n = valid.sum()
+    var = masked_mean((advantages - mean) ** 2, valid) * n / (n - 1).clamp(min=1.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8)

@@ -31,6 +31,7 @@ from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
     ActorCriticConfig,
     evaluate,
+    normalize,
     unroll_steps,
 )
 
@@ -51,6 +52,12 @@ class VTraceConfig(ActorCriticConfig):
     lambda_: float = Field(1.0, ge=0, le=1, alias="lambda", description="trace decay lambda")
     reward_clip: float | None = Field(
         None, gt=0, description="clip rewards to [-x, x] (IMPALA Atari: 1); null: no clipping"
+    )
+    normalize_advantages: bool = Field(
+        False,
+        description="normalise the pg advantages over each batch's valid steps (mean 0, std 1) "
+        "as PPO does; IMPALA does not. Weighs entropy_cost against a unit-scale advantage "
+        "instead of the reward scale",
     )
     loss_reduction: Literal["sum", "mean"] = Field(
         "sum",
@@ -90,7 +97,10 @@ class VTrace(ActorCriticAlgorithm):
         )
 
         # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
-        pg_loss = -(logp * targets.pg_advantages * valid).sum()
+        advantages = targets.pg_advantages
+        if cfg.normalize_advantages:
+            advantages = normalize(advantages, valid)
+        pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy_sum
