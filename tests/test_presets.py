@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +21,8 @@ from rlfabric.platform.cli import main
 from rlfabric.platform.facade import TargetHit, stop_reason
 from rlfabric.platform.presets import load_file
 from rlfabric.platform.spec import ExperimentSpec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "specs"
 
 
 class _TinyPixels(gym.Env):
@@ -62,8 +65,19 @@ def test_names_only_get_the_family_preset():
     assert ExperimentSpec.build({"arch": "impala", "algo": "vtrace"}).algo.batch_size == 16
     sac = ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1"})
     assert (sac.env.num_envs, sac.algo.warmup_steps, sac.preset) == (2, 1000, "sac/classic")
-    # No preset for the pair (SAC on Atari would not validate anyway): paper defaults.
-    assert ExperimentSpec.build({"algo": "vtrace", "env": "ALE/Pong-v5"}).algo.lr == 6e-4
+    pong = ExperimentSpec.build({"algo": "vtrace", "env": "ALE/Pong-v5"})
+    assert (pong.preset, pong.algo.optimizer, pong.algo.entropy_cost) == (
+        "vtrace/atari",
+        "adam",
+        0.001,
+    )
+    # The example spec keeps the paper's settings: a spec's own values win.
+    paper = ExperimentSpec.from_yaml(EXAMPLES / "pong_seed_vtrace.yaml")
+    assert (paper.algo.optimizer, paper.algo.lr, paper.algo.entropy_cost) == (
+        "rmsprop_tf",
+        6e-4,
+        0.01,
+    )
 
 
 @pytest.mark.parametrize("algo", ["vtrace", "a3c", "ppo"])
