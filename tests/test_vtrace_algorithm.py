@@ -51,9 +51,9 @@ def _grads(algo: VTrace, batch) -> tuple[float, list[torch.Tensor]]:
     return metrics["loss"], grads
 
 
-def test_loss_matches_impala_formula():
-    algo = _algo(loss_reduction="sum")
-    batch = _batch()
+def _reference(algo: VTrace, batch) -> tuple:
+    """The loss's pieces computed by hand from the model's outputs and `vtrace`:
+    (logp, entropy, values, valid, vtrace returns)."""
     with torch.no_grad():
         params, values = algo.model(torch.as_tensor(batch["obs"]))
         dist = algo.model.distribution(params[:-1])
@@ -69,6 +69,13 @@ def test_loss_matches_impala_formula():
         values[-1],
         valid,
     )
+    return logp, entropy, values, valid, ret
+
+
+def test_loss_matches_impala_formula():
+    algo = _algo(loss_reduction="sum")
+    batch = _batch()
+    logp, entropy, values, valid, ret = _reference(algo, batch)
     expected = (
         -(logp * ret.pg_advantages * valid).sum()
         + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
@@ -156,19 +163,7 @@ def test_rho_mean_stays_finite_for_a_huge_log_ratio():
 def test_normalized_advantages_enter_the_pg_loss_with_mean_0_std_1():
     batch = _batch()
     algo = _algo(loss_reduction="sum", normalize_advantages=True, entropy_cost=0.0)
-    with torch.no_grad():
-        params, values = algo.model(torch.as_tensor(batch["obs"]))
-        logp = algo.model.distribution(params[:-1]).log_prob(torch.as_tensor(batch["action"]))
-    valid = torch.as_tensor(~batch["is_first"][1:]).float()
-    discounts = 0.99 * (1 - torch.as_tensor(batch["terminated"]).float()) * valid
-    ret = vtrace(
-        logp - torch.as_tensor(batch["logp"]),
-        discounts,
-        torch.as_tensor(batch["reward"]),
-        values[:-1],
-        values[-1],
-        valid,
-    )
+    logp, _, values, valid, ret = _reference(algo, batch)
     adv = ret.pg_advantages[valid > 0]  # masked steps take no part in the statistics
     adv_norm = torch.zeros_like(ret.pg_advantages)
     adv_norm[valid > 0] = (adv - adv.mean()) / (adv.std() + 1e-8)
