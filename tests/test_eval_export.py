@@ -113,3 +113,28 @@ def test_periodic_evaluation_during_training(tmp_path):
     evals = [r for r in map(json.loads, records) if "eval_return_mean" in r]
     assert evals and all(r["eval_return_mean"] >= 8 for r in evals)  # CartPole: >= 8 steps
     assert "eval_return_std" in result.metrics
+
+
+def test_set_weights_takes_read_only_arrays_without_a_warning():
+    """Weights from Ray's object store are read-only; loading them (an IMPALA runner's
+    broadcast, the driver's periodic evaluation) must not warn. torch warns once per
+    process, so this runs in a fresh interpreter with warnings as errors."""
+    script = """
+import numpy as np
+from rlfabric.algorithms import ALGORITHMS
+from rlfabric.envs import EnvConfig, describe_env
+from rlfabric.models import ModelConfig
+
+info = describe_env(EnvConfig(id="CartPole-v1"))
+cls = ALGORITHMS["vtrace"]
+algorithm = cls(cls.config_cls(), info.observation_space, info.action_space, ModelConfig())
+weights = {k: v.copy() + 1.0 for k, v in algorithm.get_weights().items()}
+for array in weights.values():
+    array.flags.writeable = False
+algorithm.set_weights(weights)
+assert all(np.array_equal(algorithm.get_weights()[k], v) for k, v in weights.items())
+"""
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", script], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

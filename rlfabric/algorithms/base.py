@@ -14,6 +14,7 @@ dense network.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -224,7 +225,16 @@ class Algorithm(ABC):
         return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        """Copy `weights` into the model.
+
+        They often arrive read-only from Ray's object store (an IMPALA runner's
+        broadcast, the driver's periodic evaluation); `load_state_dict` copies them,
+        so torch's warning that the arrays are not writable is moot, and wrapping
+        them without a copy keeps a weight update to one copy.
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
     def state_dict(self) -> dict[str, Any]:
         return {
