@@ -32,6 +32,10 @@ from rlfabric.sparse import SparseConfig, SparseTrainer, forward_flops, training
 
 DataKind = Literal["trajectory", "replay"]
 
+#: torch's warning when it wraps a read-only numpy array, as Ray's object store hands
+#: them out; harmless where the array is only read or copied.
+NOT_WRITABLE_WARNING = "The given NumPy array is not writable"
+
 
 class AlgoConfig(BaseModel):
     """Fields every algorithm has; each algorithm subclasses this with its own."""
@@ -233,7 +237,7 @@ class Algorithm(ABC):
         them without a copy keeps a weight update to one copy.
         """
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            warnings.filterwarnings("ignore", message=NOT_WRITABLE_WARNING)
             self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
     def state_dict(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import numpy as np
 import ray
 import torch
 
+from rlfabric.algorithms.base import NOT_WRITABLE_WARNING
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.data_parallel import LearnerGroup, device_for_this_actor
 from rlfabric.runtime.distributed import host_rendezvous
@@ -62,7 +63,7 @@ class LearnerProcess:
         # runs; Python's default 5 ms switch interval would add up to 5 ms per op.
         sys.setswitchinterval(0.0005)
         # Requests and unrolls arrive as read-only arrays from Ray's object store; we only read.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        warnings.filterwarnings("ignore", message=NOT_WRITABLE_WARNING)
         # A GPU Ray gave this actor (resources.num_gpus_per_learner) trains and infers.
         self.device = device_for_this_actor()
         self.learner = Learner(spec, env_info, frame_budget, self.device)
