@@ -459,8 +459,13 @@ class DynamicCapacity:
     threshold; the code drops 10% once per check, and its buffer then refills
     freely until the next check. Here the capacity stays at the reduced value while
     the distance stays above the threshold, so successive checks keep popping until
-    it falls under (the paper's intent, one 10% step per check as in the code); the
-    two differ by at most the `check_every` transitions the code lets in between.
+    it falls under (the paper's intent, one 10% step per check as in the code). The
+    code lets `check_every` transitions in after each drop, so under a distance that
+    stays high its size tends to `check_every / drop_fraction` (100k with its
+    defaults), ours to `min_capacity` (also 100k with them): the two differ by less
+    than `check_every / drop_fraction` transitions, and not at all in the limit when
+    `min_capacity` equals it: the code's defaults, and those scaled by one factor
+    (`benchmarks/offpolicy.py --paper-steps`).
     """
 
     min_capacity: int = CAPACITY_BOUNDS["td3"][0]
