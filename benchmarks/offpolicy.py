@@ -15,6 +15,8 @@ Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/8
   rigl    RigL topology only (1-step targets, plain buffer)
   set     SET topology (random growth) only
   static  a fixed random sparse topology (ERK), never updated
+  rlx2_no_nstep   RLx2 without its multi-step targets (RigL + dynamic buffer)
+  rlx2_no_buffer  RLx2 without its dynamic buffer (RigL + delayed 3-step, plain buffer)
 
 RLx2's schedules are set for its runs (topology update every 10k steps, 3-step
 targets after 300k updates, buffer checks every 10k steps, buffer bounds 100k-1M
@@ -47,6 +49,11 @@ naming the ones still missing.
         --variants dense,rlx2,rigl,set,static --seeds 0 1 --max-steps 300000 \\
         --paper-steps 3000000 --thresholds --jobs 2 --logdir runs/rlx2_300k \\
         --json benchmarks/results/rlx2_halfcheetah_td3_300k.json --train set:1 static:1
+    # the same comparison with RLx2's two ablations added (their rows join the others')
+    python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos td3 --actor 0.9 --critic 0.85 \\
+        --variants dense,rlx2,rigl,set,static,rlx2_no_nstep,rlx2_no_buffer --seeds 0 1 \\
+        --max-steps 300000 --paper-steps 3000000 --thresholds --jobs 2 \\
+        --logdir runs/rlx2_300k --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
 """
 
 from __future__ import annotations
@@ -69,13 +76,26 @@ from rlfabric.platform.evaluate import evaluate, load_policy
 from rlfabric.platform.reporting import read_records
 from rlfabric.runtime.replay import CAPACITY_BOUNDS
 
-VARIANTS = ("dense", "rlx2", "rigl", "set", "static")
+VARIANTS = ("dense", "rlx2", "rigl", "set", "static", "rlx2_no_nstep", "rlx2_no_buffer")
+
+#: The RigL-based variants and which of RLx2's value-learning parts each uses:
+#: (delayed multi-step targets, dynamic-capacity buffer). The two ablations tell which
+#: part makes RLx2 differ from RigL alone.
+RLX2_PARTS = {
+    "rlx2": (True, True),
+    "rlx2_no_nstep": (False, True),
+    "rlx2_no_buffer": (True, False),
+}
 
 
 #: RLx2's schedule (tyq1024/RLx2 defaults): topology update every `delta` optimizer steps,
 #: 3-step targets after `n_step_after` updates, a capacity check every
 #: `buffer_check_every` stored steps; the buffer bounds are `CAPACITY_BOUNDS`'.
 PAPER_SCHEDULE = {"delta": 10_000, "n_step_after": 300_000, "buffer_check_every": 10_000}
+
+
+#: The dynamic buffer's entries of `paper_schedule`.
+BUFFER_SCHEDULE = ("buffer_check_every", "buffer_min_capacity", "buffer_capacity")
 
 
 def paper_schedule(algo: str, factor: float) -> dict[str, int]:
@@ -89,27 +109,30 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
     """Spec overrides of one variant; `updates` is the run's expected learner updates."""
     if variant == "dense":
         return []
-    method = "rigl" if variant == "rlx2" else variant
+    method = "rigl" if variant in RLX2_PARTS else variant
+    n_step, dynamic_buffer = RLX2_PARTS.get(variant, (False, False))
     out = [f"sparse.actor={args.actor}", f"sparse.critic={args.critic}", f"sparse.method={method}"]
     if args.paper_steps:
         schedule = paper_schedule(algo, args.max_steps / args.paper_steps)
         out.append(f"sparse.delta={schedule['delta']}")
-        if variant == "rlx2":
-            out += ["algo.n_step=3", "algo.dynamic_buffer=true"]
-            out += [f"algo.{key}={value}" for key, value in schedule.items() if key != "delta"]
+        if n_step:
+            out += ["algo.n_step=3", f"algo.n_step_after={schedule['n_step_after']}"]
+        if dynamic_buffer:
+            out.append("algo.dynamic_buffer=true")
+            out += [f"algo.{key}={schedule[key]}" for key in BUFFER_SCHEDULE]
         return out
     if args.scale:
         out.append(f"sparse.delta={max(1, updates // 100)}")
-    if variant == "rlx2":
-        out += ["algo.n_step=3", "algo.dynamic_buffer=true"]
+    if n_step:
+        after = int(0.3 * updates) if args.scale else PAPER_SCHEDULE["n_step_after"]
+        out += ["algo.n_step=3", f"algo.n_step_after={after}"]
+    if dynamic_buffer:
+        out.append("algo.dynamic_buffer=true")
         if args.scale:
             out += [
-                f"algo.n_step_after={int(0.3 * updates)}",
                 f"algo.buffer_check_every={max(1, args.max_steps // 100)}",
                 f"algo.buffer_min_capacity={max(1, args.max_steps // 10)}",
             ]
-        else:
-            out.append("algo.n_step_after=300000")
     return out
 
 

@@ -1,8 +1,11 @@
 """`rlfabric bench`: planning (validation before any run, example specs) and its outputs;
-and `benchmarks/reproduce.py --progress`, which reads any run's curve."""
+`benchmarks/reproduce.py --progress`, which reads any run's curve; and the variants of
+`benchmarks/offpolicy.py`'s sparse-training comparison."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -90,3 +93,51 @@ def test_reproduce_progress_reads_a_curve_and_names_a_folder_without_one(tmp_pat
     failed = _reproduce("--progress", str(run), str(empty))
     assert failed.returncode == 2
     assert f"{empty}: no records" in failed.stderr
+
+
+def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
+    """The ablations are RLx2 less its multi-step targets or less its dynamic buffer, on
+    the same schedule, so that a run of each tells which part makes RLx2 differ from RigL."""
+    benchmarks = EXAMPLES.parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # offpolicy.py imports reproduce.py
+    spec = importlib.util.spec_from_file_location("offpolicy_bench", benchmarks / "offpolicy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    sparse = {"sparse.actor=0.9", "sparse.critic=0.85", "sparse.method=rigl"}
+    paper = argparse.Namespace(actor=0.9, critic=0.85, max_steps=300_000, paper_steps=3_000_000)
+    scaled = argparse.Namespace(actor=0.9, critic=0.85, max_steps=30_000, paper_steps=None)
+    cases = [
+        # issue 12's 300k runs: every entry of RLx2's schedule x 0.1
+        (
+            vars(paper) | {"scale": False},
+            sparse | {"sparse.delta=1000"},
+            {"algo.n_step=3", "algo.n_step_after=30000"},
+            {
+                "algo.dynamic_buffer=true",
+                "algo.buffer_check_every=1000",
+                "algo.buffer_min_capacity=10000",
+                "algo.buffer_capacity=100000",
+            },
+        ),
+        # --scale: proportions of a 30k-step run with 25k updates
+        (
+            vars(scaled) | {"scale": True},
+            sparse | {"sparse.delta=250"},
+            {"algo.n_step=3", "algo.n_step_after=7500"},
+            {
+                "algo.dynamic_buffer=true",
+                "algo.buffer_check_every=300",
+                "algo.buffer_min_capacity=3000",
+            },
+        ),
+    ]
+    for fields, rigl, n_step, buffer in cases:
+        args = argparse.Namespace(**fields)
+        got = {v: bench.variant_overrides(v, "td3", args, 25_000) for v in bench.VARIANTS}
+        assert all(len(set(o)) == len(o) for o in got.values())  # no key given twice
+        assert set(got["rigl"]) == rigl
+        assert set(got["rlx2"]) == rigl | n_step | buffer
+        assert set(got["rlx2_no_nstep"]) == rigl | buffer
+        assert set(got["rlx2_no_buffer"]) == rigl | n_step
+        assert got["dense"] == []
