@@ -105,12 +105,10 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
     spec.loader.exec_module(bench)
 
     sparse = {"sparse.actor=0.9", "sparse.critic=0.85", "sparse.method=rigl"}
-    paper = argparse.Namespace(actor=0.9, critic=0.85, max_steps=300_000, paper_steps=3_000_000)
-    scaled = argparse.Namespace(actor=0.9, critic=0.85, max_steps=30_000, paper_steps=None)
     cases = [
         # issue 12's 300k runs: every entry of RLx2's schedule x 0.1
         (
-            vars(paper) | {"scale": False},
+            {"max_steps": 300_000, "paper_steps": 3_000_000, "scale": False},
             sparse | {"sparse.delta=1000"},
             {"algo.n_step=3", "algo.n_step_after=30000"},
             {
@@ -122,7 +120,7 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
         ),
         # --scale: proportions of a 30k-step run with 25k updates
         (
-            vars(scaled) | {"scale": True},
+            {"max_steps": 30_000, "paper_steps": None, "scale": True},
             sparse | {"sparse.delta=250"},
             {"algo.n_step=3", "algo.n_step_after=7500"},
             {
@@ -132,8 +130,8 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
             },
         ),
     ]
-    for fields, rigl, n_step, buffer in cases:
-        args = argparse.Namespace(**fields)
+    for steps, rigl, n_step, buffer in cases:
+        args = argparse.Namespace(actor=0.9, critic=0.85, **steps)
         got = {v: bench.variant_overrides(v, "td3", args, 25_000) for v in bench.VARIANTS}
         assert all(len(set(o)) == len(o) for o in got.values())  # no key given twice
         assert set(got["rigl"]) == rigl
