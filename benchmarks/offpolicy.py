@@ -76,16 +76,16 @@ from rlfabric.platform.evaluate import evaluate, load_policy
 from rlfabric.platform.reporting import read_records
 from rlfabric.runtime.replay import CAPACITY_BOUNDS
 
-VARIANTS = ("dense", "rlx2", "rigl", "set", "static", "rlx2_no_nstep", "rlx2_no_buffer")
-
-#: The RigL-based variants and which of RLx2's value-learning parts each uses:
-#: (delayed multi-step targets, dynamic-capacity buffer). The two ablations tell which
-#: part makes RLx2 differ from RigL alone.
+#: RLx2 and its ablations (RigL topology each) and which of RLx2's value-learning parts
+#: each uses: (delayed multi-step targets, dynamic-capacity buffer). The two ablations
+#: tell which part makes RLx2 differ from RigL alone.
 RLX2_PARTS = {
     "rlx2": (True, True),
     "rlx2_no_nstep": (False, True),
     "rlx2_no_buffer": (True, False),
 }
+
+VARIANTS = ("dense", "rigl", "set", "static", *RLX2_PARTS)
 
 
 #: RLx2's schedule (tyq1024/RLx2 defaults): topology update every `delta` optimizer steps,
