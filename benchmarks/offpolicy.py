@@ -1,4 +1,4 @@
-"""SAC / TD3 dense vs sparse variants (RLx2 and its ablations) on one continuous-control env.
+"""SAC / TD3 dense vs sparse variants (RLx2 and its ablations), or fp32 vs bf16, on one env.
 
 Each run trains with the algorithm's default settings plus the variant's
 overrides, for --max-steps agent steps (stopping early once the 100-episode
@@ -11,6 +11,8 @@ with each variant's evaluation mean as % of dense (positive-return envs).
 
 Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/85):
   dense   no sparsity
+  dense_bf16  no sparsity, every network's matmuls under bfloat16 autocast
+          (`model.precision: bf16`; issue 12 asks that learning not change with it)
   rlx2    RigL topology + delayed 3-step targets + dynamic-capacity buffer (RLx2)
   rigl    RigL topology only (1-step targets, plain buffer)
   set     SET topology (random growth) only
@@ -54,6 +56,10 @@ naming the ones still missing.
         --variants dense,rlx2,rigl,set,static,rlx2_no_nstep,rlx2_no_buffer --seeds 0 1 \\
         --max-steps 300000 --paper-steps 3000000 --thresholds --jobs 2 \\
         --logdir runs/rlx2_300k --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
+    # SAC's learning under fp32 and bf16 (issue 12, part 1), 100k steps, two seeds each
+    python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos sac --variants dense_bf16,dense \\
+        --seeds 0 1 --max-steps 100000 --thresholds --jobs 2 --logdir runs/precision \\
+        --json benchmarks/results/sac_halfcheetah_precision_100k.json
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ RLX2_PARTS = {
     "rlx2_no_buffer": (True, False),
 }
 
-VARIANTS = ("dense", "rigl", "set", "static", *RLX2_PARTS)
+VARIANTS = ("dense", "dense_bf16", "rigl", "set", "static", *RLX2_PARTS)
 
 
 #: RLx2's schedule (tyq1024/RLx2 defaults): topology update every `delta` optimizer steps,
@@ -109,6 +115,8 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
     """Spec overrides of one variant; `updates` is the run's expected learner updates."""
     if variant == "dense":
         return []
+    if variant == "dense_bf16":
+        return ["model.precision=bf16"]
     method = "rigl" if variant in RLX2_PARTS else variant
     n_step, dynamic_buffer = RLX2_PARTS.get(variant, (False, False))
     out = [f"sparse.actor={args.actor}", f"sparse.critic={args.critic}", f"sparse.method={method}"]
@@ -266,7 +274,7 @@ def report(row: dict[str, Any]) -> None:
         for t, steps, wall in row["reached"]
     )
     print(
-        f"{row['algo']:>4} {row['variant']:>6} seed {row['seed']}: {row['steps']:,} steps "
+        f"{row['algo']:>4} {row['variant']:>14} seed {row['seed']}: {row['steps']:,} steps "
         f"{row['wall_s']:.0f} s | {hits} | train {row['train_return']:.0f} "
         f"eval {row['eval_return']:.0f} | sparsity {row['sparsity'][0]:.2f}/"
         f"{row['sparsity'][1]:.2f}, {row['params']:,} params, inference FLOPs "
@@ -281,7 +289,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         path,
         xlabel="agent steps",
         ylabel="mean training return (last 100 episodes)",
-        title=f"{result['env']} {result['algo']}: dense and sparse variants",
+        title=f"{result['env']} {result['algo']}: {', '.join(result['variants'])}",
     )
 
 
@@ -382,7 +390,7 @@ def main() -> None:
             rows.append(row)
             report(row)
     print(
-        f"\n{'algo':>4} {'variant':>7} {'eval mean':>10} {'eval sd':>8} {'% dense':>8} "
+        f"\n{'algo':>4} {'variant':>14} {'eval mean':>10} {'eval sd':>8} {'% dense':>8} "
         f"{'params':>9} {'infer FLOPs':>12} {'train FLOPs':>12}"
     )
     for algo in args.algos.split(","):
@@ -400,7 +408,7 @@ def main() -> None:
                 else "-"
             )
             print(
-                f"{algo:>4} {variant:>7} {mean:>10.1f} {sd:>8.1f} {pct:>8} "
+                f"{algo:>4} {variant:>14} {mean:>10.1f} {sd:>8.1f} {pct:>8} "
                 f"{mine[0]['params']:>9,} {mine[0]['inference_flops']:>12.3f} "
                 f"{mine[0]['train_flops']:>12.3f}"
             )

@@ -139,3 +139,4 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
         assert set(got["rlx2_no_nstep"]) == rigl | buffer
         assert set(got["rlx2_no_buffer"]) == rigl | n_step
         assert got["dense"] == []
+        assert got["dense_bf16"] == ["model.precision=bf16"]
