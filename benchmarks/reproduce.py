@@ -20,6 +20,7 @@ at once, each in its own process.
     python benchmarks/reproduce.py hopper_td3 --seeds 0 1
     python benchmarks/reproduce.py --list
     python benchmarks/reproduce.py --progress RUN_DIR [RUN_DIR ...]  # any runs, also unfinished
+    python benchmarks/reproduce.py --compare benchmarks/results/pong_*.json --out pong.png
 
 Pong (`ALE/Pong-v5`, sticky actions, frameskip 4) reports the 100-episode mean
 return at the end (`final_return`), the env frames, and the first env frame
@@ -278,6 +279,31 @@ def plot(result: dict[str, Any], path: Path) -> None:
     )
 
 
+def compare(files: list[Path], path: Path) -> list[str]:
+    """Every run's curve in the result JSONs `files` on one plot saved as `path` (Pong under
+    each topology, say), and one line per run: its last point.
+
+    Raises ValueError naming a file that is missing or holds no curves."""
+    curves: dict[str, list] = {}
+    for file in files:
+        try:
+            curves.update(json.loads(file.read_text())["curves"])
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"{file}: not a result with curves ({err!r})") from err
+    plot_curves(
+        curves,
+        path,
+        xlabel="env frames",
+        ylabel="mean return (last 100 episodes)",
+        title=", ".join(file.stem for file in files),
+    )
+    return [
+        f"{run}: {points[-1][0]:,.0f} frames, return {points[-1][1]:.2f}"
+        for run, points in curves.items()
+        if points
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="reproductions to run (see --list)")
@@ -309,7 +335,24 @@ def main() -> int:
         help="print each run folder's return and entropy at 1M, 2M, ... frames and exit "
         "(reads metrics.jsonl only: also runs still going, and runs of any spec)",
     )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="RESULT_JSON",
+        help="draw every run of these results on one plot (--out) and exit",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "compare.png", help="the --compare plot"
+    )
     args = parser.parse_args()
+    if args.compare:
+        try:
+            lines = compare(args.compare, args.out)
+        except ValueError as err:
+            parser.error(str(err))
+        print("\n".join([*lines, f"wrote {args.out}"]))
+        return 0
     if args.progress:
         try:
             for folder in args.progress:

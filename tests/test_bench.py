@@ -140,3 +140,27 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
         assert set(got["rlx2_no_buffer"]) == rigl | n_step
         assert got["dense"] == []
         assert got["dense_bf16"] == ["model.precision=bf16"]
+
+
+def test_reproduce_compare_draws_the_runs_of_several_results_and_names_a_missing_one(
+    tmp_path,
+):
+    results = []
+    for name, points in (("a", [[0, -21.0], [2_000_000, -15.5]]), ("b", [[0, -20.0]])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"curves": {f"{name}-s0": points}}))
+        results.append(str(path))
+    out = tmp_path / "both.png"
+    done = _reproduce("--compare", *results, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "a-s0: 2,000,000 frames, return -15.50",
+        "b-s0: 0 frames, return -20.00",
+        f"wrote {out}",
+    ]
+    assert out.stat().st_size > 0
+
+    missing = tmp_path / "c.json"
+    failed = _reproduce("--compare", results[0], str(missing), "--out", str(out))
+    assert failed.returncode == 2
+    assert f"{missing}: not a result with curves" in failed.stderr
