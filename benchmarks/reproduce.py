@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -295,7 +296,7 @@ def compare(files: list[Path], path: Path) -> list[str]:
         path,
         xlabel="env frames",
         ylabel="mean return (last 100 episodes)",
-        title=", ".join(file.stem for file in files),
+        title=textwrap.fill(", ".join(file.stem for file in files), 70),
     )
     return [
         f"{run}: {points[-1][0]:,.0f} frames, return {points[-1][1]:.2f}"
