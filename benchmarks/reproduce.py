@@ -284,13 +284,17 @@ def compare(files: list[Path], path: Path) -> list[str]:
     """Every run's curve in the result JSONs `files` on one plot saved as `path` (Pong under
     each topology, say), and one line per run: its last point.
 
-    Raises ValueError naming a file that is missing or holds no curves."""
+    A run named as one already drawn (offpolicy.py's "dense s0" in two results) is
+    labelled with its file's name too. Raises ValueError naming a file that is missing or
+    holds no curves."""
     curves: dict[str, list] = {}
     for file in files:
         try:
-            curves.update(json.loads(file.read_text())["curves"])
+            runs = json.loads(file.read_text())["curves"]
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"{file}: not a result with curves ({err!r})") from err
+        for run, points in runs.items():
+            curves[f"{file.stem}: {run}" if run in curves else run] = points
     plot_curves(
         curves,
         path,

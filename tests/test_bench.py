@@ -160,6 +160,12 @@ def test_reproduce_compare_draws_the_runs_of_several_results_and_names_a_missing
     ]
     assert out.stat().st_size > 0
 
+    twice = _reproduce("--compare", results[0], results[0], "--out", str(out))
+    assert twice.stdout.splitlines()[:2] == [
+        "a-s0: 2,000,000 frames, return -15.50",
+        "a: a-s0: 2,000,000 frames, return -15.50",
+    ]
+
     missing = tmp_path / "c.json"
     failed = _reproduce("--compare", results[0], str(missing), "--out", str(out))
     assert failed.returncode == 2
