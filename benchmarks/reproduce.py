@@ -270,14 +270,15 @@ def plot_curves(
     fig.savefig(path, dpi=100)
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot_returns(curves: dict[str, list], path: Path, title: str) -> None:
+    """Return curves by env frames, as every reproduction result holds them."""
     plot_curves(
-        result["curves"],
-        path,
-        xlabel="env frames",
-        ylabel="mean return (last 100 episodes)",
-        title=f"{result['name']} ({result['reference']})",
+        curves, path, xlabel="env frames", ylabel="mean return (last 100 episodes)", title=title
     )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plot_returns(result["curves"], path, f"{result['name']} ({result['reference']})")
 
 
 def compare(files: list[Path], path: Path) -> list[str]:
@@ -295,13 +296,7 @@ def compare(files: list[Path], path: Path) -> list[str]:
             raise ValueError(f"{file}: not a result with curves ({err!r})") from err
         for run, points in runs.items():
             curves[f"{file.stem}: {run}" if run in curves else run] = points
-    plot_curves(
-        curves,
-        path,
-        xlabel="env frames",
-        ylabel="mean return (last 100 episodes)",
-        title=textwrap.fill(", ".join(file.stem for file in files), 70),
-    )
+    plot_returns(curves, path, textwrap.fill(", ".join(file.stem for file in files), 70))
     return [
         f"{run}: {points[-1][0]:,.0f} frames, return {points[-1][1]:.2f}"
         for run, points in curves.items()
