@@ -10,13 +10,22 @@ processes spreads over all of them; each row gives the median and the best round
 shared machine the best is the nearer to what a quiet one does), the fp32 / 1-thread /
 separate-critics baseline's median beside it, and the speed-up of the medians.
 
+`--plain` adds a row per precision and thread count for a hand-written SAC update in
+plain torch (`PlainSAC`: CleanRL's `sac_continuous_action.py` step without its delayed
+actor, the same sizes, fused Adam; bf16 as one autocast around the whole step): the
+same work with none of the platform's layers (no replay-batch conversion, finiteness
+check, sparse hooks or metrics), so the table shows how much of an update's time is
+the platform's and how much this CPU's.
+
     python benchmarks/offpolicy_speed.py                       # SAC, threads 1 and all CPUs
     python benchmarks/offpolicy_speed.py --algo td3 --threads 1 2 4 --seconds 5 --rounds 5
+    python benchmarks/offpolicy_speed.py --precisions fp32 --plain   # against plain torch
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import statistics
 import time
@@ -25,6 +34,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from rlfabric.algorithms import ALGORITHMS, Algorithm
 from rlfabric.models import ModelConfig
@@ -38,14 +49,90 @@ class Variant:
     precision: str
     threads: int
     ensemble: bool
+    plain: bool = False
 
     def __str__(self) -> str:
-        critics = "ensemble" if self.ensemble else "separate"
+        critics = "plain" if self.plain else "ensemble" if self.ensemble else "separate"
         return f"{self.precision:<5} {self.threads:>2} thr  {critics:<8}"
 
 
-def build(algo: str, variant: Variant, batch_size: int) -> Algorithm:
+class PlainSAC:
+    """One SAC update written directly in torch, as a reference for the platform's.
+
+    CleanRL's step with the actor and temperature updated every step (as rlfabric's
+    SAC): twin 2x256 critics as two `nn.Sequential`, a tanh-Gaussian actor, target
+    critics with a soft update, learned alpha; fused Adam, no checks. `bf16`: the whole
+    step under bfloat16 autocast.
+    """
+
+    def __init__(
+        self, bf16: bool = False, hidden: int = 256, lr: float = 3e-4, tau: float = 0.005
+    ) -> None:
+        def mlp(i: int, o: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Linear(i, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                nn.Linear(hidden, o),
+            )  # fmt: skip
+
+        self.q = nn.ModuleList([mlp(OBS_DIM + ACTION_DIM, 1) for _ in range(2)])
+        self.q_target = copy.deepcopy(self.q)
+        self.actor = mlp(OBS_DIM, 2 * ACTION_DIM)
+        self.log_alpha = torch.zeros((), requires_grad=True)
+        self.q_opt = torch.optim.Adam(self.q.parameters(), lr=lr, fused=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, fused=True)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=lr, fused=True)
+        self.tau, self.bf16 = tau, bf16
+
+    def sample(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self.actor(obs).chunk(2, dim=-1)
+        log_std = -5.0 + 3.5 * (torch.tanh(log_std) + 1)
+        x = mean + log_std.exp() * torch.randn_like(mean)
+        action = torch.tanh(x)
+        normal = torch.distributions.Normal(mean, log_std.exp())
+        logp = (normal.log_prob(x) - torch.log(1 - action.pow(2) + 1e-6)).sum(-1)
+        return action, logp
+
+    def update(self, batch: dict[str, np.ndarray]) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            self.step(batch)
+
+    def step(self, batch: dict[str, np.ndarray]) -> None:
+        obs, action, next_obs = (torch.from_numpy(batch[k]) for k in ("obs", "action", "next_obs"))
+        reward, discount = torch.from_numpy(batch["reward"]), torch.from_numpy(batch["discount"])
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_logp = self.sample(next_obs)
+            x = torch.cat([next_obs, next_action], -1)
+            next_q = torch.min(*(q(x).squeeze(-1) for q in self.q_target))
+            y = reward + discount * (next_q - alpha * next_logp)
+        x = torch.cat([obs, action], -1)
+        q_loss = sum(F.mse_loss(q(x).squeeze(-1), y) for q in self.q)
+        self.q_opt.zero_grad()
+        q_loss.backward()
+        self.q_opt.step()
+
+        pi_action, logp = self.sample(obs)
+        x = torch.cat([obs, pi_action], -1)
+        q_pi = torch.min(*(q(x).squeeze(-1) for q in self.q))
+        actor_loss = (alpha * logp - q_pi).mean()
+        self.actor_opt.zero_grad()
+        actor_loss.backward()
+        self.actor_opt.step()
+
+        alpha_loss = -(self.log_alpha.exp() * (logp.detach() - ACTION_DIM)).mean()
+        self.alpha_opt.zero_grad()
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(
+                list(self.q_target.parameters()), list(self.q.parameters()), self.tau
+            )
+
+
+def build(algo: str, variant: Variant, batch_size: int) -> Algorithm | PlainSAC:
     torch.manual_seed(0)
+    if variant.plain:
+        return PlainSAC(bf16=variant.precision == "bf16")
     cls = ALGORITHMS[algo]
     cfg = cls.config_cls(batch_size=batch_size, ensemble_critics=variant.ensemble)
     obs = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
@@ -68,7 +155,7 @@ def batches(batch_size: int, count: int = 8) -> list[dict[str, np.ndarray]]:
 
 
 def updates_per_s(
-    algo: Algorithm, data: list[dict[str, np.ndarray]], threads: int, seconds: float
+    algo: Algorithm | PlainSAC, data: list[dict[str, np.ndarray]], threads: int, seconds: float
 ) -> float:
     """Updates/s over `seconds` after a short warm-up, with `threads` torch threads."""
     torch.set_num_threads(threads)
@@ -91,13 +178,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=3.0, help="per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--plain", action="store_true", help="add plain-torch SAC rows (--algo sac only)"
+    )
     args = parser.parse_args()
+    if args.plain and args.algo != "sac":
+        parser.error("--plain is a SAC update; run it with --algo sac")
     threads = args.threads or sorted({1, available_cpus()})
 
     baseline = Variant("fp32", 1, False)
     variants = [Variant(p, t, e) for p in args.precisions for t in threads for e in (False, True)]
     if baseline not in variants:
         variants.insert(0, baseline)
+    if args.plain:
+        variants += [Variant(p, t, False, plain=True) for p in args.precisions for t in threads]
     algos = {v: build(args.algo, v, args.batch_size) for v in variants}
     data = batches(args.batch_size)
     rates: dict[Variant, list[float]] = {v: [] for v in variants}
