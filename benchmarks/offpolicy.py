@@ -19,6 +19,10 @@ Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/8
   static  a fixed random sparse topology (ERK), never updated
   rlx2_no_nstep   RLx2 without its multi-step targets (RigL + dynamic buffer)
   rlx2_no_buffer  RLx2 without its dynamic buffer (RigL + delayed 3-step, plain buffer)
+  rlx2_paper_buffer  RLx2 with the buffer's bounds and check interval left at the
+          paper's (TD3 100k-1M, SAC 200k-3M, a check every 10k steps) while
+          --paper-steps or --scale scales the rest: TD3's floor scaled by 0.1 is
+          10k transitions, 10 HalfCheetah episodes
 
 RLx2's schedules are set for its runs (topology update every 10k steps, 3-step
 targets after 300k updates, buffer checks every 10k steps, buffer bounds 100k-1M
@@ -27,7 +31,8 @@ keeping their proportions: 100 topology updates per run, 3-step targets after
 30% of it, 100 buffer checks, a floor of 10% of the run's steps. With
 --paper-steps N every one of them (and the buffer's upper bound) is multiplied
 by the same factor, --max-steps / N (issue 12: 300k of the paper's 3M steps,
-0.1); the end of the drop-fraction schedule is the run's last update either way.
+0.1), except `rlx2_paper_buffer`'s buffer settings; the end of the drop-fraction
+schedule is the run's last update either way.
 
 Each run lives in `--logdir/<algo>_<variant>_s<seed>/` and checkpoints every
 --checkpoint-s seconds. Run the same command again after an interruption: a
@@ -89,7 +94,11 @@ RLX2_PARTS = {
     "rlx2": (True, True),
     "rlx2_no_nstep": (False, True),
     "rlx2_no_buffer": (True, False),
+    "rlx2_paper_buffer": (True, True),
 }
+
+#: RLx2 variants whose buffer bounds and check interval stay the paper's under --paper-steps.
+PAPER_BUFFER = {"rlx2_paper_buffer"}
 
 VARIANTS = ("dense", "dense_bf16", "rigl", "set", "static", *RLX2_PARTS)
 
@@ -126,8 +135,9 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
         if n_step:
             out += ["algo.n_step=3", f"algo.n_step_after={schedule['n_step_after']}"]
         if dynamic_buffer:
+            buffer = paper_schedule(algo, 1.0) if variant in PAPER_BUFFER else schedule
             out.append("algo.dynamic_buffer=true")
-            out += [f"algo.{key}={schedule[key]}" for key in BUFFER_SCHEDULE]
+            out += [f"algo.{key}={buffer[key]}" for key in BUFFER_SCHEDULE]
         return out
     if args.scale:
         out.append(f"sparse.delta={max(1, updates // 100)}")
@@ -136,7 +146,7 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
         out += ["algo.n_step=3", f"algo.n_step_after={after}"]
     if dynamic_buffer:
         out.append("algo.dynamic_buffer=true")
-        if args.scale:
+        if args.scale and variant not in PAPER_BUFFER:
             out += [
                 f"algo.buffer_check_every={max(1, args.max_steps // 100)}",
                 f"algo.buffer_min_capacity={max(1, args.max_steps // 10)}",
