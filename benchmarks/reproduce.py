@@ -252,17 +252,29 @@ def plot_curves(
     curves: dict[str, list], path: Path, *, xlabel: str, ylabel: str, title: str
 ) -> None:
     """One line per run (`curves`: name -> [(x, y), ...]) on one plot, saved as `path`;
-    benchmarks/offpolicy.py draws its comparison with it too."""
+    benchmarks/offpolicy.py draws its comparison with it too.
+
+    Runs named `<group> s<seed>` (offpolicy.py's "rigl s0") share their group's colour
+    and differ by line style, so a comparison of many variants stays readable past the
+    ten colours of the cycle; any other name is a group of its own. A long title wraps.
+    """
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
+    groups: dict[str, int] = {}  # group -> runs drawn so far
+    colors: dict[str, str] = {}
     for run, points in curves.items():
         if points:
-            ax.plot(*zip(*points), label=run)
+            head, _, tail = run.rpartition(" ")
+            group = head if head and tail[:1] == "s" and tail[1:].isdigit() else run
+            colors.setdefault(group, f"C{len(colors) % 10}")
+            style = ("-", "--", ":", "-.")[groups.get(group, 0) % 4]
+            groups[group] = groups.get(group, 0) + 1
+            ax.plot(*zip(*points), label=run, color=colors[group], linestyle=style)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10 if len(title) > 60 else None)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7 if len(curves) > 4 else None)
