@@ -97,7 +97,7 @@ RLX2_PARTS = {
     "rlx2_paper_buffer": (True, True),
 }
 
-#: RLx2 variants whose buffer bounds and check interval stay the paper's under --paper-steps.
+#: RLx2 variants whose buffer bounds and check interval stay the paper's, scaled or not.
 PAPER_BUFFER = {"rlx2_paper_buffer"}
 
 VARIANTS = ("dense", "dense_bf16", "rigl", "set", "static", *RLX2_PARTS)
@@ -146,7 +146,9 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
         out += ["algo.n_step=3", f"algo.n_step_after={after}"]
     if dynamic_buffer:
         out.append("algo.dynamic_buffer=true")
-        if args.scale and variant not in PAPER_BUFFER:
+        if variant in PAPER_BUFFER:
+            out += [f"algo.{key}={paper_schedule(algo, 1.0)[key]}" for key in BUFFER_SCHEDULE]
+        elif args.scale:
             out += [
                 f"algo.buffer_check_every={max(1, args.max_steps // 100)}",
                 f"algo.buffer_min_capacity={max(1, args.max_steps // 10)}",

@@ -131,16 +131,13 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
         ),
     ]
     # rlx2_paper_buffer: the buffer as RLx2's code has it, whatever the run's length
-    paper_buffer = [
-        {
-            "algo.dynamic_buffer=true",
-            "algo.buffer_check_every=10000",
-            "algo.buffer_min_capacity=100000",
-            "algo.buffer_capacity=1000000",
-        },
-        {"algo.dynamic_buffer=true"},  # --scale: the algorithm's defaults are the paper's
-    ]
-    for (steps, rigl, n_step, buffer), unscaled in zip(cases, paper_buffer, strict=True):
+    unscaled = {
+        "algo.dynamic_buffer=true",
+        "algo.buffer_check_every=10000",
+        "algo.buffer_min_capacity=100000",
+        "algo.buffer_capacity=1000000",
+    }
+    for steps, rigl, n_step, buffer in cases:
         args = argparse.Namespace(actor=0.9, critic=0.85, **steps)
         got = {v: bench.variant_overrides(v, "td3", args, 25_000) for v in bench.VARIANTS}
         assert all(len({o.split("=")[0] for o in ov}) == len(ov) for ov in got.values())
