@@ -129,25 +129,22 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
     method = "rigl" if variant in RLX2_PARTS else variant
     n_step, dynamic_buffer = RLX2_PARTS.get(variant, (False, False))
     out = [f"sparse.actor={args.actor}", f"sparse.critic={args.critic}", f"sparse.method={method}"]
-    if args.paper_steps:
-        schedule = paper_schedule(algo, args.max_steps / args.paper_steps)
+    schedule = paper_schedule(algo, args.max_steps / args.paper_steps) if args.paper_steps else None
+    if schedule:
         out.append(f"sparse.delta={schedule['delta']}")
-        if n_step:
-            out += ["algo.n_step=3", f"algo.n_step_after={schedule['n_step_after']}"]
-        if dynamic_buffer:
-            buffer = paper_schedule(algo, 1.0) if variant in PAPER_BUFFER else schedule
-            out.append("algo.dynamic_buffer=true")
-            out += [f"algo.{key}={buffer[key]}" for key in BUFFER_SCHEDULE]
-        return out
-    if args.scale:
+    elif args.scale:
         out.append(f"sparse.delta={max(1, updates // 100)}")
     if n_step:
-        after = int(0.3 * updates) if args.scale else PAPER_SCHEDULE["n_step_after"]
+        if schedule:
+            after = schedule["n_step_after"]
+        else:
+            after = int(0.3 * updates) if args.scale else PAPER_SCHEDULE["n_step_after"]
         out += ["algo.n_step=3", f"algo.n_step_after={after}"]
     if dynamic_buffer:
         out.append("algo.dynamic_buffer=true")
-        if variant in PAPER_BUFFER:
-            out += [f"algo.{key}={paper_schedule(algo, 1.0)[key]}" for key in BUFFER_SCHEDULE]
+        if variant in PAPER_BUFFER or schedule:
+            buffer = paper_schedule(algo, 1.0) if variant in PAPER_BUFFER else schedule
+            out += [f"algo.{key}={buffer[key]}" for key in BUFFER_SCHEDULE]
         elif args.scale:
             out += [
                 f"algo.buffer_check_every={max(1, args.max_steps // 100)}",

@@ -308,7 +308,7 @@ def compare(files: list[Path], path: Path) -> list[str]:
             raise ValueError(f"{file}: not a result with curves ({err!r})") from err
         for run, points in runs.items():
             curves[f"{file.stem}: {run}" if run in curves else run] = points
-    plot_returns(curves, path, textwrap.fill(", ".join(file.stem for file in files), 70))
+    plot_returns(curves, path, ", ".join(file.stem for file in files))
     return [
         f"{run}: {points[-1][0]:,.0f} frames, return {points[-1][1]:.2f}"
         for run, points in curves.items()
