@@ -387,3 +387,22 @@ def test_separate_value_torso_is_refused_where_it_cannot_apply(model, env, got):
 
     with pytest.raises(SpecError, match=rf"model.shared_torso=false .*{got}.*allowed"):
         Platform(arch="local", algo="ppo", env=env, model={"shared_torso": False, **model})
+
+
+@pytest.mark.parametrize("cls", [A3C, PPO])
+def test_entropy_cost_anneals_over_its_frames(cls):
+    """The loss weighs the entropy by the annealed cost (`algo.entropy_decay_frames`):
+    at frame 0 the full cost, half-way half, past the end none."""
+    batch = _batch()
+    losses, entropies = [], []
+    for frames in (0, 500, 1000):
+        algo = _algo(cls, entropy_cost=0.5, entropy_decay_frames=1000)
+        algo.set_progress(frames, None)
+        metrics, _ = _frozen_update(algo, batch)
+        assert metrics["entropy_cost"] == pytest.approx(0.5 * (1 - frames / 1000))
+        losses.append(metrics["loss"])
+        entropies.append(metrics["entropy"])
+    assert entropies[0] == pytest.approx(entropies[2])  # same weights, same batch
+    # loss = rest - cost * entropy_term: equal steps in cost, equal steps in loss
+    assert losses[1] - losses[0] == pytest.approx(losses[2] - losses[1], rel=1e-4)
+    assert losses[2] - losses[0] > 0  # less bonus, a larger loss

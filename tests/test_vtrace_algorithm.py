@@ -174,3 +174,23 @@ def test_normalized_advantages_enter_the_pg_loss_with_mean_0_std_1():
     assert loss == pytest.approx(expected.item(), rel=1e-5)
     unnormalized, _ = _grads(_algo(loss_reduction="sum", entropy_cost=0.0), batch)
     assert unnormalized != pytest.approx(loss, rel=1e-3)
+
+
+def test_entropy_cost_anneals_linearly_to_zero_over_its_frames():
+    """`algo.entropy_decay_frames`: the entropy term of the IMPALA loss weighs
+    entropy_cost * (1 - frames / decay_frames), then nothing; the lr is left alone."""
+    algo = _algo(loss_reduction="sum", entropy_decay_frames=1000)
+    batch = _batch()
+    logp, entropy, values, valid, ret = _reference(algo, batch)
+    pg = -(logp * ret.pg_advantages * valid).sum()
+    rest = pg + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
+    entropy_sum = (entropy * valid).sum()
+    for frames, weight in [(0, 0.01), (250, 0.0075), (1000, 0.0), (4000, 0.0)]:
+        algo.set_progress(frames, None)
+        loss, _ = _grads(algo, batch)
+        assert algo.entropy_cost == pytest.approx(weight)
+        assert loss == pytest.approx((rest - weight * entropy_sum).item(), rel=1e-5)
+    constant = _algo(loss_reduction="sum")
+    constant.set_progress(10**9, 0.5)  # a linear lr schedule halfway; the bonus stays
+    assert constant.entropy_cost == 0.01
+    assert constant.optimizer.param_groups[0]["lr"] == pytest.approx(constant.cfg.lr / 2)

@@ -117,7 +117,7 @@ class A3C(ActorCriticAlgorithm):
         pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((returns - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
-        loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy_sum
+        loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
 
         grad_norm = self.gradient_step(loss)
         n_valid = valid.sum().clamp(min=1.0).item()
@@ -126,6 +126,7 @@ class A3C(ActorCriticAlgorithm):
             "pg_loss": pg_loss.item() / n_valid,
             "baseline_loss": baseline_loss.item() / n_valid,
             "entropy": entropy_sum.item() / n_valid,
+            "entropy_cost": self.entropy_cost,
             "grad_norm": grad_norm.item(),
             "advantage_mean": (advantages * valid).sum().item() / n_valid,
         }

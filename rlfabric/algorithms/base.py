@@ -198,8 +198,11 @@ class Algorithm(ABC):
         """How many times a run of `agent_steps` agent steps calls `update()`."""
         raise NotImplementedError(f"{type(self).__name__} does not say how many updates it makes")
 
-    def set_progress(self, fraction: float) -> None:
-        """Tell the algorithm how far the run is (0..1), for lr annealing."""
+    def set_progress(self, env_frames: int, fraction: float | None) -> None:
+        """Tell the algorithm how far the run is: its env frames, and the fraction (0..1)
+        of its frame budget they are (None: the run has no frame budget), for schedules."""
+        if fraction is None:
+            return
         scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * scale

@@ -331,8 +331,10 @@ class OffPolicyAlgorithm(Algorithm):
         """`update()` calls in `agent_steps`: `updates_per_step` per step after the warm-up."""
         return int(max(0, agent_steps - self.cfg.warmup_steps) * self.cfg.updates_per_step)
 
-    def set_progress(self, fraction: float) -> None:
+    def set_progress(self, env_frames: int, fraction: float | None) -> None:
         """Anneal every optimizer's lr if `lr_schedule` is linear."""
+        if fraction is None:
+            return
         scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
         for optimizer in self.optimizers.values():
             for group in optimizer.param_groups:

@@ -188,7 +188,7 @@ class PPO(ActorCriticAlgorithm):
         value_clip = cfg.clip_coef if cfg.clip_value_loss else None
         baseline_loss = value_loss(values, mb["old_values"], mb["returns"], value_clip, valid)
         mean_entropy = masked_mean(entropy, valid)
-        loss = pg_loss + cfg.value_cost * baseline_loss - cfg.entropy_cost * mean_entropy
+        loss = pg_loss + cfg.value_cost * baseline_loss - self.entropy_cost * mean_entropy
         grad_norm = self.gradient_step(loss)
 
         with torch.no_grad():
@@ -201,6 +201,7 @@ class PPO(ActorCriticAlgorithm):
             "pg_loss": pg_loss.item(),
             "baseline_loss": baseline_loss.item(),
             "entropy": mean_entropy.item(),
+            "entropy_cost": self.entropy_cost,
             "grad_norm": grad_norm.item(),
             "approx_kl": approx_kl.item(),
             "clip_fraction": clip_fraction.item(),

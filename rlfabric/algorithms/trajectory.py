@@ -47,6 +47,13 @@ class ActorCriticConfig(TrajectoryConfig):
     rmsprop_decay: float = Field(0.99, gt=0, lt=1, description="RMSProp decay (alpha)")
     rmsprop_momentum: float = Field(0.0, ge=0, lt=1, description="RMSProp momentum")
     grad_clip: float | None = Field(None, gt=0, description="global grad-norm clip; null: none")
+    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    entropy_decay_frames: int | None = Field(
+        None,
+        gt=0,
+        description="anneal entropy_cost linearly to 0 over this many env frames, then keep "
+        "it 0 (RLlib's Pong examples: over 3M agent steps, 12M frames); null: constant",
+    )
     reward_clip: float | None = Field(
         None, gt=0, description="clip rewards to [-x, x] (Atari: 1); null: no clipping"
     )
@@ -158,6 +165,15 @@ class ActorCriticAlgorithm(Algorithm):
             )
         else:  # fused: one kernel per step, not one per parameter and moment (same update)
             self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, fused=True)
+        self.entropy_cost = cfg.entropy_cost
+        """The entropy bonus's weight now: `algo.entropy_cost`, annealed by `set_progress`
+        when `algo.entropy_decay_frames` is set."""
+
+    def set_progress(self, env_frames: int, fraction: float | None) -> None:
+        super().set_progress(env_frames, fraction)
+        if self.cfg.entropy_decay_frames is not None:
+            left = max(0.0, 1.0 - env_frames / self.cfg.entropy_decay_frames)
+            self.entropy_cost = self.cfg.entropy_cost * left
 
     @torch.no_grad()
     def act(

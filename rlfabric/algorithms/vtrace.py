@@ -103,7 +103,7 @@ class VTrace(ActorCriticAlgorithm):
         pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
-        loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy_sum
+        loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
         n_valid = valid.sum().clamp(min=1.0)
         if cfg.loss_reduction == "mean":
             loss = loss / n_valid
@@ -117,6 +117,7 @@ class VTrace(ActorCriticAlgorithm):
             "pg_loss": pg_loss.item() / n_valid.item(),
             "baseline_loss": baseline_loss.item() / n_valid.item(),
             "entropy": entropy_sum.item() / n_valid.item(),
+            "entropy_cost": self.entropy_cost,
             "grad_norm": grad_norm.item(),
             "rho_mean": rhos.sum().item() / n_valid.item(),
         }

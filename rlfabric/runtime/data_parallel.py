@@ -68,9 +68,8 @@ class LearnerWorker:
         join_group(address, rank, world_size, self.device, **timeouts)
         self.algorithm.grad_sync = GradientAllReduce(world_size, self.algorithm.loss_reduction)
 
-    def update(self, shard: dict[str, np.ndarray], progress: float | None) -> None:
-        if progress is not None:
-            self.algorithm.set_progress(progress)
+    def update(self, shard: dict[str, np.ndarray], progress: tuple[int, float | None]) -> None:
+        self.algorithm.set_progress(*progress)
         self.algorithm.update(shard)
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -100,9 +99,9 @@ class LearnerGroup:
         self.learner.peers = self.dispatch
 
     def dispatch(
-        self, batch: dict[str, np.ndarray], progress: float | None
+        self, batch: dict[str, np.ndarray], progress: tuple[int, float | None]
     ) -> tuple[dict[str, np.ndarray], Any]:
-        """Send shards 1..N-1 (and the run's progress, for lr annealing) to the workers;
+        """Send shards 1..N-1 (and the run's progress, for the schedules) to the workers;
         return shard 0 and a wait for them."""
         shards = shard_batch(batch, len(self.workers) + 1)
         refs = [w.update.remote(s, progress) for w, s in zip(self.workers, shards[1:])]

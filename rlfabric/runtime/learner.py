@@ -183,9 +183,9 @@ class Learner:
             )
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        progress = self.counters["env_frames"] / self.frame_budget if self.frame_budget else None
-        if progress is not None:
-            self.algorithm.set_progress(progress)
+        frames = self.counters["env_frames"]
+        progress = (frames, frames / self.frame_budget if self.frame_budget else None)
+        self.algorithm.set_progress(*progress)
         start = time.perf_counter()
         skipped_before = self.algorithm.nonfinite_steps
         if self.peers is not None:  # data-parallel: the other learners take the other shards
