@@ -178,7 +178,8 @@ def test_normalized_advantages_enter_the_pg_loss_with_mean_0_std_1():
 
 def test_entropy_cost_anneals_linearly_to_zero_over_its_frames():
     """`algo.entropy_decay_frames`: the entropy term of the IMPALA loss weighs
-    entropy_cost * (1 - frames / decay_frames), then nothing; the lr is left alone."""
+    entropy_cost * (1 - frames / decay_frames), then nothing. Without it the bonus stays
+    whatever the lr schedule does."""
     algo = _algo(loss_reduction="sum", entropy_decay_frames=1000)
     batch = _batch()
     logp, entropy, values, valid, ret = _reference(algo, batch)
