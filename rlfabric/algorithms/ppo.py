@@ -73,7 +73,6 @@ class PPOConfig(ActorCriticConfig):
     clip_value_loss: bool = Field(True, description="clip the value change to +-clip_coef")
     normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
     value_cost: float = Field(0.5, ge=0, description="weight of the value loss (vf_coef)")
-    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOConfig:

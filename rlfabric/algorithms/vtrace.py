@@ -45,7 +45,6 @@ class VTraceConfig(ActorCriticConfig):
     eps: float = Field(0.01, gt=0, description="optimizer epsilon (IMPALA: 0.01, TF's convention)")
     grad_clip: float | None = Field(40.0, gt=0, description="global grad-norm clip; null: none")
     baseline_cost: float = Field(0.5, ge=0, description="weight of the value loss")
-    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy bonus")
     rho_bar: float = Field(1.0, gt=0, description="truncation of the importance weight rho")
     c_bar: float = Field(1.0, gt=0, description="truncation of the trace coefficient c")
     pg_rho_bar: float = Field(1.0, gt=0, description="truncation of rho in the pg advantage")
