@@ -21,6 +21,7 @@ at once, each in its own process.
     python benchmarks/reproduce.py --list
     python benchmarks/reproduce.py --progress RUN_DIR [RUN_DIR ...]  # any runs, also unfinished
     python benchmarks/reproduce.py --compare benchmarks/results/pong_*.json --out pong.png
+    python benchmarks/reproduce.py --record RUN_DIR --name NAME --reference TEXT  # any Atari run
 
 Pong (`ALE/Pong-v5`, sticky actions, frameskip 4) reports the 100-episode mean
 return at the end (`final_return`), the env frames, and the first env frame
@@ -219,6 +220,26 @@ def summarize(name: str, repro: Reproduction, entries: list[dict[str, Any]]) -> 
     return result
 
 
+def record(folder: Path, name: str, reference: str, out: Path) -> dict[str, Any]:
+    """Any Atari run folder as a result (a probe of other settings, or a run forked from
+    another's checkpoint, which no reproduction's spec describes): its figures and curve
+    as a reproduction's, with the folder's resolved `spec.yaml` in place of overrides;
+    written as `out/<name>.json` and `.png`. `reference` says what the run was.
+
+    Raises ValueError naming the folder when it holds no metrics."""
+    if not read_records(folder / "metrics.jsonl"):
+        raise ValueError(f"{folder}: no records in {folder / 'metrics.jsonl'} (not a run folder?)")
+    repro = Reproduction({}, 0, "atari", None, reference)
+    result = summarize(name, repro, [seed_entry(repro, folder)])
+    del result["overrides"]
+    spec = folder / "spec.yaml"
+    result["spec"] = spec.read_text() if spec.is_file() else None
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / f"{name}.png")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 #: The frame counts at which `--progress` reads a run's curve.
 PROGRESS_MARKS = (1e6, 2e6, 3e6, 4e6, 6e6, 8e6, 10e6, 15e6, 20e6)
 
@@ -357,7 +378,27 @@ def main() -> int:
     parser.add_argument(
         "--out", type=Path, default=RESULTS / "compare.png", help="the --compare plot"
     )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="RUN_DIR",
+        help="write the Atari run in RUN_DIR, of any spec, as results/<--name>.json and .png "
+        "(its figures, curve and resolved spec) and exit",
+    )
+    parser.add_argument("--name", help="--record: the result's name (default: the folder's)")
+    parser.add_argument("--reference", default="", help="--record: what the run was")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="--record: the folder it writes to"
+    )
     args = parser.parse_args()
+    if args.record:
+        try:
+            name = args.name or args.record.name
+            result = record(args.record, name, args.reference, args.results)
+        except ValueError as err:
+            parser.error(str(err))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("curves", "spec")}))
+        return 0
     if args.compare:
         try:
             lines = compare(args.compare, args.out)

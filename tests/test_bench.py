@@ -95,6 +95,45 @@ def test_reproduce_progress_reads_a_curve_and_names_a_folder_without_one(tmp_pat
     assert f"{empty}: no records" in failed.stderr
 
 
+def test_reproduce_record_writes_any_atari_run_as_a_result_and_names_a_folder_without_one(
+    tmp_path,
+):
+    run = tmp_path / "probe"
+    run.mkdir()
+    records = [
+        {"env_frames": 1_000, "agent_steps": 250, "wall_time_s": 1.0, "updates": 1},
+        {"env_frames": 2_000, "agent_steps": 500, "wall_time_s": 2.04, "updates": 2,
+         "episode_return_mean": 19.0, "episodes": 40},
+        {"env_frames": 3_000, "agent_steps": 750, "wall_time_s": 3.0, "updates": 3,
+         "episode_return_mean": 17.5, "episodes": 120},
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "spec.yaml").write_text("arch: seed\n")
+    out = tmp_path / "results"
+    done = _reproduce("--record", str(run), "--name", "p", "--reference", "a probe",
+                      "--results", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "p.json").read_text())
+    assert (out / "p.png").is_file()
+    assert result == {
+        "name": "p",
+        "reference": "a probe",
+        "curves": {"probe": [[2_000, 19.0], [3_000, 17.5]]},
+        "run": "probe",
+        "env_frames": 3_000,
+        "agent_steps": 750,
+        "wall_time_s": 3.0,
+        "final_return": 17.5,
+        "frames_to_18": None,  # 19.0 was over 40 episodes, not a full window of 100
+        "spec": "arch: seed\n",
+    }
+    assert json.loads(done.stdout)["final_return"] == 17.5
+
+    failed = _reproduce("--record", str(tmp_path / "typo"), "--results", str(out))
+    assert failed.returncode == 2
+    assert f"{tmp_path / 'typo'}: no records" in failed.stderr
+
+
 def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
     """The ablations are RLx2 less its multi-step targets or less its dynamic buffer, on
     the same schedule, so that a run of each tells which part makes RLx2 differ from RigL."""
