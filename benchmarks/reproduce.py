@@ -220,6 +220,14 @@ def summarize(name: str, repro: Reproduction, entries: list[dict[str, Any]]) -> 
     return result
 
 
+def run_records(folder: Path) -> list[dict[str, Any]]:
+    """The metrics records of a run folder; ValueError naming the folder if it has none."""
+    records = read_records(folder / "metrics.jsonl")
+    if not records:
+        raise ValueError(f"{folder}: no records in {folder / 'metrics.jsonl'} (not a run folder?)")
+    return records
+
+
 def record(folder: Path, name: str, reference: str, out: Path) -> dict[str, Any]:
     """Any Atari run folder as a result (a probe of other settings, or a run forked from
     another's checkpoint, which no reproduction's spec describes): its figures and curve
@@ -227,8 +235,7 @@ def record(folder: Path, name: str, reference: str, out: Path) -> dict[str, Any]
     written as `out/<name>.json` and `.png`. `reference` says what the run was.
 
     Raises ValueError naming the folder when it holds no metrics."""
-    if not read_records(folder / "metrics.jsonl"):
-        raise ValueError(f"{folder}: no records in {folder / 'metrics.jsonl'} (not a run folder?)")
+    run_records(folder)
     repro = Reproduction({}, 0, "atari", None, reference)
     result = summarize(name, repro, [seed_entry(repro, folder)])
     del result["overrides"]
@@ -250,9 +257,7 @@ def progress(folder: Path) -> str:
 
     Raises ValueError naming the folder when it holds no metrics yet (a mistyped path, or
     a run that has not logged its first record)."""
-    records = read_records(folder / "metrics.jsonl")
-    if not records:
-        raise ValueError(f"{folder}: no records in {folder / 'metrics.jsonl'} (not a run folder?)")
+    records = run_records(folder)
     cells = []
     for mark in PROGRESS_MARKS:
         reached = [r for r in records if r["env_frames"] >= mark and "episode_return_mean" in r]
