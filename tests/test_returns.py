@@ -157,6 +157,9 @@ def test_vtrace_matches_eq1_sum_form(T: int, B: int, clip: tuple) -> None:
     assert isinstance(out, VTraceReturns)
     assert_close(out.vs, ref_vs)
     assert_close(out.pg_advantages, ref_pg)
+    # The weight and the unweighted advantage a normalizing caller rescales separately.
+    assert_close(out.pg_rhos * out.pg_advantages_unweighted, ref_pg)
+    assert out.pg_rhos.max() <= (math.inf if pg_rho_bar is None else pg_rho_bar)
 
 
 @pytest.mark.parametrize("garbage", [math.nan, math.inf, -math.inf])
@@ -170,6 +173,7 @@ def test_vtrace_invalid_steps_hold_values_and_zero_advantage(garbage: float) -> 
     assert torch.isfinite(out.vs).all() and torch.isfinite(out.pg_advantages).all()
     assert torch.equal(out.vs[invalid], data["values"][invalid])
     assert (out.pg_advantages[invalid] == 0).all()
+    assert (out.pg_rhos[invalid] == 0).all() and (out.pg_advantages_unweighted[invalid] == 0).all()
 
 
 @pytest.mark.parametrize("ending", ["terminated", "truncated"])

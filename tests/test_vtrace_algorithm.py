@@ -160,15 +160,26 @@ def test_rho_mean_stays_finite_for_a_huge_log_ratio():
     assert algo.nonfinite_steps == 0
 
 
-def test_normalized_advantages_enter_the_pg_loss_with_mean_0_std_1():
-    batch = _batch()
+def test_normalized_advantages_are_normalized_before_their_importance_weight():
+    """Each step's pg term is min(pg_rho_bar, rho) (q - mean q) / std q over the valid
+    steps, q = r + gamma v_{s+1} - V(x_s), as PPO's ratio multiplies a normalized
+    advantage. Normalizing rho * q instead (as before) centres the weighted product, which
+    made a lagged batch's policy collapse."""
+    batch = _batch()  # mu's log-probs differ from pi's, so the ratios are not all 1
     algo = _algo(loss_reduction="sum", normalize_advantages=True, entropy_cost=0.0)
     logp, _, values, valid, ret = _reference(algo, batch)
-    adv = ret.pg_advantages[valid > 0]  # masked steps take no part in the statistics
-    adv_norm = torch.zeros_like(ret.pg_advantages)
-    adv_norm[valid > 0] = (adv - adv.mean()) / (adv.std() + 1e-8)
+    with torch.no_grad():
+        discounts = 0.99 * (1 - torch.as_tensor(batch["terminated"]).float()) * valid
+        vs_tp1 = torch.cat([ret.vs[1:], values[-1:]])
+        q = torch.as_tensor(batch["reward"]) + discounts * vs_tp1 - values[:-1]
+        rhos = (logp - torch.as_tensor(batch["logp"])).exp().clamp(max=1.0)
+    assert not torch.allclose(rhos[valid > 0], torch.ones(int(valid.sum())))
+    q_valid = q[valid > 0]  # masked steps take no part in the statistics
+    q_norm = torch.zeros_like(q)
+    q_norm[valid > 0] = (q_valid - q_valid.mean()) / (q_valid.std() + 1e-8)
     expected = (
-        -(logp * adv_norm * valid).sum() + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
+        -(logp * rhos * q_norm * valid).sum()
+        + 0.5 * 0.5 * ((ret.vs - values[:-1]) ** 2 * valid).sum()
     )
     loss, _ = _grads(algo, batch)
     assert loss == pytest.approx(expected.item(), rel=1e-5)

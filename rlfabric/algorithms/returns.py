@@ -35,6 +35,11 @@ class VTraceReturns(NamedTuple):
     """Value targets ``v_s`` (IMPALA eq. 1)."""
     pg_advantages: Tensor
     """Policy-gradient advantages ``rho_s (r_s + gamma_s v_{s+1} - V(x_s))`` (IMPALA §4.2)."""
+    pg_rhos: Tensor
+    """Their importance weights ``min(pg_rho_bar, rho_s)``, 0 at invalid steps."""
+    pg_advantages_unweighted: Tensor
+    """The advantages before their weight, ``r_s + gamma_s v_{s+1} - V(x_s)`` (0 at
+    invalid steps): what a caller rescales before weighting (PPO-style normalization)."""
 
 
 def _check_shapes(rewards: Tensor, bootstrap_value: Tensor, **time_major: Tensor | None) -> None:
@@ -139,8 +144,13 @@ def vtrace(
     vs = values + vs_minus_values
 
     vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
-    pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_tp1 - values)
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+    unweighted = torch.where(valid_mask, rewards + discounts * vs_tp1 - values, 0.0)
+    return VTraceReturns(
+        vs=vs,
+        pg_advantages=clipped_pg_rhos * unweighted,
+        pg_rhos=clipped_pg_rhos,
+        pg_advantages_unweighted=unweighted,
+    )
 
 
 @torch.no_grad()

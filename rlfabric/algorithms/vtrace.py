@@ -55,8 +55,8 @@ class VTraceConfig(ActorCriticConfig):
     normalize_advantages: bool = Field(
         False,
         description="normalise the pg advantages over each batch's valid steps (mean 0, std 1) "
-        "as PPO does; IMPALA does not. Weighs entropy_cost against a unit-scale advantage "
-        "instead of the reward scale",
+        "before their importance weight, as PPO does before its ratio; IMPALA does not. "
+        "Weighs entropy_cost against a unit-scale advantage instead of the reward scale",
     )
     loss_reduction: Literal["sum", "mean"] = Field(
         "sum",
@@ -98,7 +98,12 @@ class VTrace(ActorCriticAlgorithm):
         # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
         advantages = targets.pg_advantages
         if cfg.normalize_advantages:
-            advantages = normalize(advantages, valid)
+            # Normalise the advantages, then weight them, as PPO's ratio multiplies a
+            # normalised advantage. Centring the weighted product instead makes the centred
+            # value larger wherever the truncated ratio is: for the actions pi has moved
+            # towards since mu acted. With a positive mean advantage every update then
+            # pushes pi further from mu, and a lagged batch's policy collapses.
+            advantages = targets.pg_rhos * normalize(targets.pg_advantages_unweighted, valid)
         pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
