@@ -122,7 +122,8 @@ def vtrace(
         lambda_: trace-cutting factor on ``c_t`` (1 recovers eq. 1; on-policy, TD(lambda)).
 
     Returns:
-        ``VTraceReturns(vs, pg_advantages)``, both ``[T, B]``.
+        ``VTraceReturns``: ``vs`` and ``pg_advantages``, with the latter's weights
+        ``pg_rhos`` and unweighted advantages beside it, all ``[T, B]``.
     """
     _check_shapes(
         rewards, bootstrap_value, log_rhos=log_rhos, discounts=discounts, values=values, valid=valid
