@@ -99,10 +99,11 @@ class VTrace(ActorCriticAlgorithm):
         advantages = targets.pg_advantages
         if cfg.normalize_advantages:
             # Normalise the advantages, then weight them, as PPO's ratio multiplies a
-            # normalised advantage. Centring the weighted product instead makes the centred
-            # value larger wherever the truncated ratio is: for the actions pi has moved
-            # towards since mu acted. With a positive mean advantage every update then
-            # pushes pi further from mu, and a lagged batch's policy collapses.
+            # normalised advantage. Centring the weighted product instead turns a batch of
+            # equal positive advantages into positive ones where the truncated ratio is
+            # high (the actions pi has made likelier since mu acted) and negative ones
+            # elsewhere: each update pushes pi further from mu, and a lagged batch's
+            # policy collapses.
             advantages = targets.pg_rhos * normalize(targets.pg_advantages_unweighted, valid)
         pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
