@@ -206,3 +206,21 @@ def test_entropy_cost_anneals_linearly_to_zero_over_its_frames():
     constant.set_progress(10**9, 0.5)  # a linear lr schedule halfway; the bonus stays
     assert constant.entropy_cost == 0.01
     assert constant.optimizer.param_groups[0]["lr"] == pytest.approx(constant.cfg.lr / 2)
+
+
+def test_epochs_take_one_gradient_step_per_pass_with_fresh_targets():
+    """`algo.epochs=2` is two IMPALA updates on the same batch: the second recomputes
+    pi, V and the V-trace targets from the weights the first left, so its importance
+    weights see the policy's move from mu. Two single-pass updates on the batch are the
+    reference; the metrics are the passes' means."""
+    batch = _batch()
+    twice = _algo(epochs=2, optimizer="adam", lr=0.01)
+    once = _algo(epochs=1, optimizer="adam", lr=0.01)
+    assert twice.optimizer_steps_per_update() == 2
+    first, second = once.update(batch), once.update(batch)
+    metrics = twice.update(batch)
+    for a, b in zip(twice.model.parameters(), once.model.parameters()):
+        torch.testing.assert_close(a, b)
+    assert metrics["loss"] == pytest.approx((first["loss"] + second["loss"]) / 2, rel=1e-5)
+    # The second pass's ratios are pi_1 / mu, not the first pass's pi_0 / mu.
+    assert first["rho_mean"] != pytest.approx(second["rho_mean"], rel=1e-4)

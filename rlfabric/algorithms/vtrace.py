@@ -20,6 +20,7 @@ the env; `is_first[t+1]` marks it and it is masked out of every loss term
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Literal
 
 import numpy as np
@@ -62,6 +63,13 @@ class VTraceConfig(ActorCriticConfig):
         "sum",
         description="'sum' over T*B as scalable_agent (lr 6e-4 assumes it) or 'mean' as SEED RL",
     )
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="gradient steps on each batch, each with its targets recomputed by the "
+        "current network; V-trace corrects for the policy moving from mu (IMPALA: 1; "
+        "RLlib's APPO on Atari reuses each batch twice)",
+    )
 
     model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
 
@@ -76,9 +84,27 @@ class VTrace(ActorCriticAlgorithm):
     def loss_reduction(self) -> Literal["sum", "mean"]:
         return self.cfg.loss_reduction
 
+    def optimizer_steps_per_update(self) -> int:
+        """One gradient step per pass over the batch."""
+        return self.cfg.epochs
+
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        cfg = self.cfg
+        """`epochs` gradient steps on one batch; the metrics are their means."""
         b = self.batch_tensors(batch)
+        totals: dict[str, float] = defaultdict(float)
+        for _ in range(self.cfg.epochs):
+            for key, value in self._step(b).items():
+                totals[key] += value
+        return {key: total / self.cfg.epochs for key, total in totals.items()}
+
+    def _step(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One gradient step: V-trace targets from the current network, then the loss.
+
+        On a second pass the batch is further off-policy (pi has moved since mu acted
+        and since the last pass); the targets are recomputed with the current pi and V,
+        so the importance weights see that move.
+        """
+        cfg = self.cfg
         logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
         log_rhos = logp.detach() - b["logp"]
