@@ -224,3 +224,21 @@ def test_epochs_take_one_gradient_step_per_pass_with_fresh_targets():
     assert metrics["loss"] == pytest.approx((first["loss"] + second["loss"]) / 2, rel=1e-5)
     # The second pass's ratios are pi_1 / mu, not the first pass's pi_0 / mu.
     assert first["rho_mean"] != pytest.approx(second["rho_mean"], rel=1e-4)
+
+
+def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
+    """`algo.pg_clip` (APPO): the pg term is -min(r A, clip(r, 1-e, 1+e) A), r = pi/mu and
+    A = r_s + gamma v_{s+1} - V(x_s) unweighted, summed like IMPALA's other terms. The
+    batch's ratios lie on both sides of the clip, so the clip changes the loss."""
+    algo = _algo(loss_reduction="sum", pg_clip=0.2, baseline_cost=0.0, entropy_cost=0.0)
+    batch = _batch()
+    logp, _, _, valid, ret = _reference(algo, batch)
+    ratio = torch.exp(logp - torch.as_tensor(batch["logp"]))
+    assert ((ratio[valid > 0] > 1.2).any() or (ratio[valid > 0] < 0.8).any()).item()
+    adv = ret.pg_advantages_unweighted
+    surrogate = torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    expected = -(surrogate * valid).sum()
+    loss, _ = _grads(algo, batch)
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    unclipped = -(ratio * adv * valid).sum()
+    assert loss != pytest.approx(unclipped.item(), rel=1e-3)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from rlfabric.algorithms.ppo import clipped_policy_loss
 from rlfabric.algorithms.returns import vtrace
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -62,6 +63,13 @@ class VTraceConfig(ActorCriticConfig):
     loss_reduction: Literal["sum", "mean"] = Field(
         "sum",
         description="'sum' over T*B as scalable_agent (lr 6e-4 assumes it) or 'mean' as SEED RL",
+    )
+    pg_clip: float | None = Field(
+        None,
+        gt=0,
+        description="clip the ratio pi/mu at 1 +- pg_clip in PPO's surrogate on the V-trace "
+        "advantage, as APPO (IMPACT, Luo et al. 2020; RLlib's APPO: 0.4); null: IMPALA's "
+        "policy gradient",
     )
     epochs: int = Field(
         1,
@@ -122,20 +130,30 @@ class VTrace(ActorCriticAlgorithm):
         )
 
         # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
-        advantages = targets.pg_advantages
-        if cfg.normalize_advantages:
-            # Normalise the advantages, then weight them, as PPO's ratio multiplies a
-            # normalised advantage. Centring the weighted product instead turns a batch of
-            # equal positive advantages into positive ones where the truncated ratio is
-            # high (the actions pi has made likelier since mu acted) and negative ones
-            # elsewhere: each update pushes pi further from mu, and a lagged batch's
-            # policy collapses.
-            advantages = targets.pg_rhos * normalize(targets.pg_advantages_unweighted, valid)
-        pg_loss = -(logp * advantages * valid).sum()
+        n_valid = valid.sum().clamp(min=1.0)
+        if cfg.pg_clip is not None:
+            # APPO (IMPACT): PPO's clipped surrogate on the V-trace advantage, its ratio
+            # pi / mu in place of the truncated importance weight, so no step moves the
+            # policy's probability of an action beyond 1 +- pg_clip of mu's.
+            advantages = targets.pg_advantages_unweighted
+            if cfg.normalize_advantages:
+                advantages = normalize(advantages, valid)
+            log_ratio = torch.where(valid > 0, logp - b["logp"], 0.0)
+            pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.pg_clip, valid) * n_valid
+        else:
+            advantages = targets.pg_advantages
+            if cfg.normalize_advantages:
+                # Normalise the advantages, then weight them, as PPO's ratio multiplies a
+                # normalised advantage. Centring the weighted product instead turns a batch
+                # of equal positive advantages into positive ones where the truncated ratio
+                # is high (the actions pi has made likelier since mu acted) and negative
+                # ones elsewhere: each update pushes pi further from mu, and a lagged
+                # batch's policy collapses.
+                advantages = targets.pg_rhos * normalize(targets.pg_advantages_unweighted, valid)
+            pg_loss = -(logp * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
-        n_valid = valid.sum().clamp(min=1.0)
         if cfg.loss_reduction == "mean":
             loss = loss / n_valid
 
