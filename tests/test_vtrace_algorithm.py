@@ -228,8 +228,8 @@ def test_epochs_take_one_gradient_step_per_pass_with_fresh_targets():
 
 def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
     """`algo.pg_clip` (APPO): the pg term is -min(r A, clip(r, 1-e, 1+e) A), r = pi/mu and
-    A = r_s + gamma v_{s+1} - V(x_s) unweighted, summed like IMPALA's other terms. The
-    batch's ratios lie on both sides of the clip, so the clip changes the loss."""
+    A = r_s + gamma v_{s+1} - V(x_s) unweighted, summed like IMPALA's other terms. Some of
+    the batch's ratios lie outside the clip, so the clip changes the loss."""
     algo = _algo(loss_reduction="sum", pg_clip=0.2, baseline_cost=0.0, entropy_cost=0.0)
     batch = _batch()
     logp, _, _, valid, ret = _reference(algo, batch)

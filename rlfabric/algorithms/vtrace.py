@@ -7,6 +7,8 @@ RMSProp lr 6e-4 (eps 0.01, decay 0.99, momentum 0) as TF1 computes it
 (`rmsprop_tf`: eps inside the square root, mean square from 1; torch's
 RMSprop with the same eps steps up to 10x further), global grad-norm clip 40,
 lr annealed linearly to 0. rho_bar = c_bar = 1 ("rho_bar = 1 worked best").
+Off by default, two APPO options (Luo et al. 2020, "IMPACT"): `epochs` gradient steps
+per batch and `pg_clip`, PPO's clipped surrogate in place of the truncated weight.
 
 Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
 `reward[t]`, `terminated[t]` and `truncated[t]` are what followed it; the last
@@ -133,8 +135,9 @@ class VTrace(ActorCriticAlgorithm):
         n_valid = valid.sum().clamp(min=1.0)
         if cfg.pg_clip is not None:
             # APPO (IMPACT): PPO's clipped surrogate on the V-trace advantage, its ratio
-            # pi / mu in place of the truncated importance weight, so no step moves the
-            # policy's probability of an action beyond 1 +- pg_clip of mu's.
+            # pi / mu in place of the truncated importance weight: a step whose ratio is
+            # already past 1 +- pg_clip in its advantage's direction gives no gradient,
+            # which bounds how far repeated passes (`epochs`) push pi from mu.
             advantages = targets.pg_advantages_unweighted
             if cfg.normalize_advantages:
                 advantages = normalize(advantages, valid)
