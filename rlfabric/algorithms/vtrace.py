@@ -133,27 +133,24 @@ class VTrace(ActorCriticAlgorithm):
 
         # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
         n_valid = valid.sum().clamp(min=1.0)
+        advantages = targets.pg_advantages_unweighted
+        if cfg.normalize_advantages:
+            # Normalise the advantages, then weight them, as PPO's ratio multiplies a
+            # normalised advantage. Centring the weighted product instead turns a batch of
+            # equal positive advantages into positive ones where the truncated ratio is
+            # high (the actions pi has made likelier since mu acted) and negative ones
+            # elsewhere: each update pushes pi further from mu, and a lagged batch's
+            # policy collapses.
+            advantages = normalize(advantages, valid)
         if cfg.pg_clip is not None:
             # APPO (IMPACT): PPO's clipped surrogate on the V-trace advantage, its ratio
             # pi / mu in place of the truncated importance weight: a step whose ratio is
             # already past 1 +- pg_clip in its advantage's direction gives no gradient,
             # which bounds how far repeated passes (`epochs`) push pi from mu.
-            advantages = targets.pg_advantages_unweighted
-            if cfg.normalize_advantages:
-                advantages = normalize(advantages, valid)
             log_ratio = torch.where(valid > 0, logp - b["logp"], 0.0)
             pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.pg_clip, valid) * n_valid
         else:
-            advantages = targets.pg_advantages
-            if cfg.normalize_advantages:
-                # Normalise the advantages, then weight them, as PPO's ratio multiplies a
-                # normalised advantage. Centring the weighted product instead turns a batch
-                # of equal positive advantages into positive ones where the truncated ratio
-                # is high (the actions pi has made likelier since mu acted) and negative
-                # ones elsewhere: each update pushes pi further from mu, and a lagged
-                # batch's policy collapses.
-                advantages = targets.pg_rhos * normalize(targets.pg_advantages_unweighted, valid)
-            pg_loss = -(logp * advantages * valid).sum()
+            pg_loss = -(logp * targets.pg_rhos * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
