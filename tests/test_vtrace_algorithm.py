@@ -238,7 +238,12 @@ def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
     adv = ret.pg_advantages_unweighted
     surrogate = torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
     expected = -(surrogate * valid).sum()
-    loss, _ = _grads(algo, batch)
-    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    algo.optimizer = torch.optim.SGD(algo.model.parameters(), lr=0.0)
+    metrics = algo.update(batch)
+    assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
     unclipped = -(ratio * adv * valid).sum()
-    assert loss != pytest.approx(unclipped.item(), rel=1e-3)
+    assert metrics["loss"] != pytest.approx(unclipped.item(), rel=1e-3)
+    # PPO's clip fraction: the share of valid steps whose ratio lies outside 1 +- 0.2.
+    outside = ((ratio - 1.0).abs() > 0.2).float()
+    assert metrics["clip_fraction"] == pytest.approx(((outside * valid).sum() / valid.sum()).item())
+    assert 0.0 < metrics["clip_fraction"] < 1.0

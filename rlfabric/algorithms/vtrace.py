@@ -142,6 +142,7 @@ class VTrace(ActorCriticAlgorithm):
             # elsewhere: each update pushes pi further from mu, and a lagged batch's
             # policy collapses.
             advantages = normalize(advantages, valid)
+        metrics: dict[str, float] = {}
         if cfg.pg_clip is not None:
             # APPO (IMPACT): PPO's clipped surrogate on the V-trace advantage, its ratio
             # pi / mu in place of the truncated importance weight: a step whose ratio is
@@ -149,6 +150,9 @@ class VTrace(ActorCriticAlgorithm):
             # which bounds how far repeated passes (`epochs`) push pi from mu.
             log_ratio = torch.where(valid > 0, logp - b["logp"], 0.0)
             pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.pg_clip, valid) * n_valid
+            # PPO's figure: the share of steps whose ratio lies outside the clip.
+            outside = (log_ratio.detach().exp() - 1.0).abs() > cfg.pg_clip
+            metrics["clip_fraction"] = (outside * valid).sum().item() / n_valid.item()
         else:
             pg_loss = -(logp * targets.pg_rhos * advantages * valid).sum()
         baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
@@ -169,4 +173,5 @@ class VTrace(ActorCriticAlgorithm):
             "entropy_cost": self.entropy_cost,
             "grad_norm": grad_norm.item(),
             "rho_mean": rhos.sum().item() / n_valid.item(),
+            **metrics,
         }
