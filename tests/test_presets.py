@@ -141,6 +141,22 @@ def test_an_env_block_refines_its_family(monkeypatch):
     assert (cartpole.env.num_envs, cartpole.algo.lr, cartpole.algo.batch_size) == (64, 0.004, 4)
 
 
+def test_a_user_lstm_keeps_the_shared_torso_a_preset_would_separate():
+    """Separate policy and value torsos need an MLP policy without an LSTM: the Acrobot
+    preset separates them, and yields that one value (not the others) to a user's LSTM."""
+    acrobot = {"env": "Acrobot-v1", "algo": "vtrace", "arch": "seed"}
+    assert ExperimentSpec.build(acrobot).model.shared_torso is False
+    spec = ExperimentSpec.build({**acrobot, "model": {"lstm": 16}})
+    assert spec.model.shared_torso is True and spec.model.lstm == 16
+    assert spec.origin(("model", "shared_torso")) == "default"
+    assert spec.origin(("algo", "lr")) == "preset vtrace/classic (Acrobot-v1)"
+    # Asked for both, the user gets the model's error naming what is allowed, and a
+    # names-only LSTM run on the env builds.
+    with pytest.raises(SpecError, match=r"allowed: model\.shared_torso=true"):
+        Platform(**acrobot, model={"lstm": 16, "shared_torso": False})
+    assert Platform(**acrobot, model={"lstm": 16}).spec.model.shared_torso is True
+
+
 def test_spec_show_says_where_each_value_came_from(tmp_path, capsys):
     path = tmp_path / "spec.yaml"
     path.write_text("arch: ga3c\nalgo: ppo\n")

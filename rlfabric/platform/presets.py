@@ -17,6 +17,7 @@ key the user wrote) and records where each value came from, so that
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -65,6 +66,32 @@ class Preset:
         if _lookup(self.arch_settings, path):
             return f"preset {self.name} ({self.arch})"
         return f"preset {self.name}"
+
+    def yielding_to(self, user: dict[str, Any]) -> Preset:
+        """This preset less the values the user's own choices rule out.
+
+        Separate policy and value torsos (`model.shared_torso: false`) need an MLP
+        policy without a recurrent core (`models.actor_critic`): a user who adds
+        `model.lstm` to an env whose preset separates them gets the shared torso, the
+        model's default, unless they set `shared_torso` themselves.
+        """
+        model = user.get("model")
+        if not isinstance(model, dict) or not model.get("lstm") or "shared_torso" in model:
+            return self
+
+        def without_separate_torsos(block: dict[str, Any]) -> dict[str, Any]:
+            block = copy.deepcopy(block)
+            if isinstance(block.get("model"), dict):
+                block["model"].pop("shared_torso", None)
+            return block
+
+        return dataclasses.replace(
+            self,
+            settings=without_separate_torsos(self.settings),
+            arch_settings=without_separate_torsos(self.arch_settings),
+            env_settings=without_separate_torsos(self.env_settings),
+            env_arch_settings=without_separate_torsos(self.env_arch_settings),
+        )
 
     def merged(self) -> dict[str, Any]:
         """Every block's settings, the more specific over the more general."""

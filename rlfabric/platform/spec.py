@@ -230,6 +230,7 @@ def _find_preset(data: dict[str, Any]) -> presets.Preset | None:
         raise SpecError(f"preset: {err}") from None
     if preset is None:
         return None
+    preset = preset.yielding_to(data)
     probe = presets.fill(
         {"algo": {"name": chosen["algo"]}, "arch": {"name": chosen["arch"]}}, preset.merged()
     )
