@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from test_training import FAST_VTRACE
+from test_training import FAST_VTRACE, SHARED_TORSO
 
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
@@ -192,6 +192,7 @@ def test_inference_on_its_own_device_follows_every_update(tmp_path):
     platform = Platform(
         arch="local",
         algo=FAST_VTRACE,
+        model=SHARED_TORSO,
         env={"id": "CartPole-v1", "num_envs": 64},
         resources={"inference_device": "cpu"},
         run=run,

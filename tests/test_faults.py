@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from test_training import FAST_VTRACE
+from test_training import FAST_VTRACE, SHARED_TORSO
 
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
@@ -83,6 +83,7 @@ def test_runner_processes_killed_by_pid_are_replaced_and_learning_goes_on(ray_se
     platform = Platform(
         arch="seed",
         algo=FAST_VTRACE,
+        model=SHARED_TORSO,
         env={"id": "CartPole-v1", "num_envs": 32},
         resources={"num_env_runners": 2},
         run={"report_interval_s": 0.5, "logdir": str(tmp_path)},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_training import FAST_VTRACE
+from test_training import FAST_VTRACE, SHARED_TORSO
 
 from rlfabric import Platform
 from rlfabric.platform.checkpoint import load_checkpoint
@@ -126,6 +126,7 @@ def test_sparsity_wraps_an_on_policy_model_too(tmp_path):
     result = Platform(
         arch="local",
         algo=FAST_VTRACE,
+        model=SHARED_TORSO,
         env={"id": "CartPole-v1", "num_envs": 64},
         sparse={"actor": 0.9, "delta": 50},
         run=run,
