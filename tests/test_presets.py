@@ -66,10 +66,11 @@ def test_names_only_get_the_family_preset():
     sac = ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1"})
     assert (sac.env.num_envs, sac.algo.warmup_steps, sac.preset) == (2, 1000, "sac/classic")
     pong = ExperimentSpec.build({"algo": "vtrace", "env": "ALE/Pong-v5"})
-    assert (pong.preset, pong.algo.optimizer, pong.algo.entropy_cost) == (
+    assert (pong.preset, pong.algo.optimizer, pong.algo.epochs, pong.algo.pg_clip) == (
         "vtrace/atari",
         "adam",
-        0.001,
+        2,
+        0.2,
     )
     # The example spec keeps the paper's settings: a spec's own values win.
     paper = ExperimentSpec.from_yaml(EXAMPLES / "pong_seed_vtrace.yaml")
