@@ -44,11 +44,19 @@ SETTINGS = {
             "unroll_length": 20,
             "batch_size": 32,
         },
+        "model": {"shared_torso": True},  # the figures' network (the seed preset separates)
     },
     "ALE/Pong-v5": {
         "env": {"id": "ALE/Pong-v5", "num_envs": 128},
         "resources": {"num_env_runners": 1, "torch_threads": 2},
-        "algo": {"name": "vtrace", "reward_clip": 1.0, "unroll_length": 20, "batch_size": 32},
+        # IMPALA's one pass per batch (the Atari preset takes two, as APPO).
+        "algo": {
+            "name": "vtrace",
+            "reward_clip": 1.0,
+            "unroll_length": 20,
+            "batch_size": 32,
+            "epochs": 1,
+        },
         "model": {"precision": "bf16"},
     },
 }
