@@ -77,3 +77,29 @@ def test_plain_display_shows_progress_and_a_slower_time_breakdown(tmp_path, caps
     assert lines[0].endswith("1% of 10,000 frames, return 20.0 of 475, ~0h01m39s left"), lines[0]
     breakdowns = [line for line in lines if line.startswith("time: ")]
     assert len(breakdowns) == 2 and "env step ms (group)=0.500" in breakdowns[0]
+
+
+def test_time_left_holds_when_frames_arrive_in_bursts(tmp_path, capsys):
+    """A learner-bound run (PPO on Atari) counts its frames a batch at a time: the
+    interval rate alternates 0 and twice the mean, and the time left must not vanish
+    or double with it; it is the run's average rate's."""
+    from rlfabric.platform.reporting import Reporter
+    from rlfabric.runtime.config import StopConfig
+
+    reporter = Reporter(tmp_path, "plain", "title", StopConfig(env_frames=10_000))
+    try:
+        for second in range(1, 11):
+            burst = second % 2 == 0  # a batch of 200 frames lands every other second
+            reporter.log(
+                {
+                    "env_frames": 100 * (second - second % 2),
+                    "env_frames_per_s": 200.0 if burst else 0.0,
+                    "wall_time_s": float(second),
+                }
+            )
+    finally:
+        reporter.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "frames" in line]
+    assert all(line.endswith(" left") for line in lines[1:]), lines
+    # At 10 s: 1,000 frames, 100 frames/s on average, 9,000 frames to go.
+    assert lines[-1].endswith("10% of 10,000 frames, ~0h01m30s left"), lines[-1]

@@ -50,15 +50,20 @@ PLAIN_BREAKDOWN_EVERY_S = 30.0
 
 def progress_text(record: dict[str, Any], stop: StopConfig) -> str:
     """How far the run is toward the stop conditions in force, and the time left to the
-    nearest of frames and wall time at the current rate."""
+    nearest of frames and wall time.
+
+    The frames' time left is at the run's average rate (frames over wall time, both
+    carried over a resume), not the last interval's: a learner-bound run's frames arrive
+    in bursts (PPO on Atari takes seconds per batch while its envs wait), so the interval
+    rate swings between 0 and twice the mean and would make the estimate jump or vanish.
+    """
     parts, left = [], []
     frames = record.get("env_frames", 0.0)
+    wall = record.get("wall_time_s", 0.0)
     if stop.env_frames:
         parts.append(f"{frames / stop.env_frames:.0%} of {stop.env_frames:,} frames")
-        rate = record.get("env_frames_per_s", 0.0)
-        if rate > 0:
-            left.append(max(0.0, stop.env_frames - frames) / rate)
-    wall = record.get("wall_time_s", 0.0)
+        if frames > 0 and wall > 0:
+            left.append(max(0.0, stop.env_frames - frames) * wall / frames)
     if stop.wall_time_s:
         parts.append(f"{wall / stop.wall_time_s:.0%} of {stop.wall_time_s:g} s")
         left.append(max(0.0, stop.wall_time_s - wall))
