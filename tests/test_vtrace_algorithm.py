@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlfabric.algorithms import vtrace as vtrace_module
 from rlfabric.algorithms.returns import vtrace
 from rlfabric.algorithms.vtrace import VTrace, VTraceConfig
 from rlfabric.models import ModelConfig
@@ -247,3 +248,47 @@ def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
     outside = ((ratio - 1.0).abs() > 0.2).float()
     assert metrics["clip_fraction"] == pytest.approx(((outside * valid).sum() / valid.sum()).item())
     assert 0.0 < metrics["clip_fraction"] < 1.0
+
+
+def test_minibatches_are_flat_steps_scored_against_whole_unroll_targets(monkeypatch):
+    """`algo.num_minibatches` (APPO): each pass computes the V-trace targets over the whole
+    unrolls, then takes one gradient step per random minibatch of flat (t, b) steps, its
+    loss IMPALA's (mean-reduced) over the minibatch's valid steps only."""
+    order = torch.randperm(T * B, generator=torch.Generator().manual_seed(0))
+    split = list(order.split([10, T * B - 10]))  # unequal, so their means weigh steps apart
+    monkeypatch.setattr(vtrace_module, "minibatch_indices", lambda size, n: split)
+    algo = _algo(loss_reduction="mean", epochs=2, num_minibatches=2)
+    assert algo.optimizer_steps_per_update() == 4
+    batch = _batch()
+    logp, entropy, values, valid, ret = _reference(algo, batch)
+    terms = (
+        -logp * ret.pg_advantages + 0.25 * (ret.vs - values[:-1]) ** 2 - 0.01 * entropy
+    ) * valid
+    expected = [(terms.flatten()[s].sum() / valid.flatten()[s].sum()).item() for s in split]
+    loss, _ = _grads(algo, batch)
+    assert loss == pytest.approx(float(np.mean(expected)), rel=1e-5)
+    # Not the whole batch's loss: the minibatches weigh their valid steps apart.
+    assert loss != pytest.approx((terms.sum() / valid.sum()).item(), rel=1e-4)
+
+
+def test_recurrent_minibatches_are_whole_unrolls():
+    """With an LSTM each minibatch is whole columns from their stored first state, as PPO's;
+    the first forward pass, over the whole batch, only gives the targets."""
+    torch.manual_seed(0)
+    cfg = VTraceConfig(num_minibatches=2, epochs=2)
+    algo = VTrace(cfg, OBS, ACT, ModelConfig(hidden=[16], lstm=8))
+    batch = _batch() | {"state": np.zeros((1, B, 2, 8), np.float32)}
+    seen: list[torch.Tensor] = []
+    algo.model.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    algo.update(batch)
+    obs = torch.as_tensor(batch["obs"])
+    assert [s.shape[1] for s in seen] == [B, B // 2, B // 2] * 2
+    for first, second in (seen[1:3], seen[4:6]):
+        cols = [int((obs[0] == c).all(-1).nonzero()) for c in (*first[0], *second[0])]
+        assert sorted(cols) == list(range(B))
+        torch.testing.assert_close(torch.cat([first, second], 1), obs[:, cols])
+
+
+def test_rejects_more_minibatches_than_steps():
+    with pytest.raises(ValueError, match="num_minibatches=9 must be <= batch_size x unroll"):
+        VTraceConfig(batch_size=4, unroll_length=2, num_minibatches=9)

@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor
 
 from rlfabric.algorithms.returns import gae
@@ -73,16 +73,6 @@ class PPOConfig(ActorCriticConfig):
     clip_value_loss: bool = Field(True, description="clip the value change to +-clip_coef")
     normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
     value_cost: float = Field(0.5, ge=0, description="weight of the value loss (vf_coef)")
-
-    @model_validator(mode="after")
-    def _minibatches_fit(self) -> PPOConfig:
-        steps = self.batch_size * self.unroll_length
-        if self.num_minibatches > steps:
-            raise ValueError(
-                f"num_minibatches={self.num_minibatches} must be <= batch_size x "
-                f"unroll_length={steps}: each minibatch needs at least one step"
-            )
-        return self
 
 
 def minibatch_indices(size: int, num_minibatches: int) -> list[Tensor]:

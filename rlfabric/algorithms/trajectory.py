@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to_tensors
@@ -69,6 +69,18 @@ class ActorCriticConfig(TrajectoryConfig):
 
     def return_discount(self) -> float | None:
         return self.gamma if self.normalize_reward else None
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> ActorCriticConfig:
+        """PPO's and V-trace's `num_minibatches` (A3C has none: one step per batch)."""
+        minibatches = getattr(self, "num_minibatches", 1)
+        steps = self.batch_size * self.unroll_length
+        if minibatches > steps:
+            raise ValueError(
+                f"num_minibatches={minibatches} must be <= batch_size x "
+                f"unroll_length={steps}: each minibatch needs at least one step"
+            )
+        return self
 
 
 class UnrollSteps(NamedTuple):

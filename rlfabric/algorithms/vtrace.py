@@ -7,8 +7,10 @@ RMSProp lr 6e-4 (eps 0.01, decay 0.99, momentum 0) as TF1 computes it
 (`rmsprop_tf`: eps inside the square root, mean square from 1; torch's
 RMSprop with the same eps steps up to 10x further), global grad-norm clip 40,
 lr annealed linearly to 0. rho_bar = c_bar = 1 ("rho_bar = 1 worked best").
-Off by default, two APPO options (Luo et al. 2020, "IMPACT"): `epochs` gradient steps
-per batch and `pg_clip`, PPO's clipped surrogate in place of the truncated weight.
+Off by default, three APPO options (Luo et al. 2020, "IMPACT"; RLlib's APPO): `epochs`
+passes over each batch, `num_minibatches` gradient steps per pass (each on a random
+share of the batch's steps, its V-trace targets computed over the whole unrolls at the
+start of the pass), and `pg_clip`, PPO's clipped surrogate in place of the truncated weight.
 
 Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
 `reward[t]`, `terminated[t]` and `truncated[t]` are what followed it; the last
@@ -28,8 +30,9 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import Field
+from torch import Tensor
 
-from rlfabric.algorithms.ppo import clipped_policy_loss
+from rlfabric.algorithms.ppo import clipped_policy_loss, minibatch_indices
 from rlfabric.algorithms.returns import vtrace
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -80,6 +83,13 @@ class VTraceConfig(ActorCriticConfig):
         "current network; V-trace corrects for the policy moving from mu (IMPALA: 1; "
         "RLlib's APPO on Atari reuses each batch twice)",
     )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="gradient steps per pass: random steps of the batch, or with model.lstm "
+        "random whole unrolls, each V-trace target computed over the whole unroll at the "
+        "start of the pass (IMPALA: 1, the whole batch; RLlib's APPO: minibatch_size)",
+    )
 
     model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
 
@@ -95,31 +105,33 @@ class VTrace(ActorCriticAlgorithm):
         return self.cfg.loss_reduction
 
     def optimizer_steps_per_update(self) -> int:
-        """One gradient step per pass over the batch."""
-        return self.cfg.epochs
+        """One gradient step per minibatch per pass over the batch."""
+        return self.cfg.epochs * self.cfg.num_minibatches
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """`epochs` gradient steps on one batch; the metrics are their means."""
+        """`epochs` passes of `num_minibatches` gradient steps; the metrics are their means."""
         b = self.batch_tensors(batch)
         totals: dict[str, float] = defaultdict(float)
+        steps = 0
         for _ in range(self.cfg.epochs):
-            for key, value in self._step(b).items():
-                totals[key] += value
-        return {key: total / self.cfg.epochs for key, total in totals.items()}
+            passes = [self._step(b)] if self.cfg.num_minibatches == 1 else self._pass(b)
+            for metrics in passes:
+                for key, value in metrics.items():
+                    totals[key] += value
+                steps += 1
+        return {key: total / steps for key, total in totals.items()}
 
-    def _step(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One gradient step: V-trace targets from the current network, then the loss.
+    def _targets(self, b: dict[str, Tensor], logp: Tensor, values: Tensor) -> dict[str, Tensor]:
+        """V-trace targets of the whole unrolls under the current pi (`logp`) and V (`values`).
 
         On a second pass the batch is further off-policy (pi has moved since mu acted
         and since the last pass); the targets are recomputed with the current pi and V,
         so the importance weights see that move.
         """
         cfg = self.cfg
-        logp, entropy, values = evaluate(self.model, b)
         valid, rewards, discounts = unroll_steps(b, cfg.gamma, cfg.reward_clip)
-        log_rhos = logp.detach() - b["logp"]
         targets = vtrace(
-            log_rhos=log_rhos,
+            log_rhos=logp.detach() - b["logp"],
             discounts=discounts,
             rewards=rewards,
             values=values[:-1].detach(),
@@ -130,10 +142,62 @@ class VTrace(ActorCriticAlgorithm):
             pg_rho_bar=cfg.pg_rho_bar,
             lambda_=cfg.lambda_,
         )
+        return {
+            "valid": valid,
+            "vs": targets.vs,
+            "advantages": targets.pg_advantages_unweighted,
+            "pg_rhos": targets.pg_rhos,
+        }
 
-        # IMPALA loss (scalable_agent experiment.py): each term summed over T*B.
+    def _step(self, b: dict[str, Tensor]) -> dict[str, float]:
+        """One gradient step on the whole batch: one forward pass gives the targets
+        (detached) and the loss."""
+        logp, entropy, values = evaluate(self.model, b)
+        targets = self._targets(b, logp, values)
+        return self._loss_step(logp, entropy, values[:-1], b["logp"], targets)
+
+    def _pass(self, b: dict[str, Tensor]) -> list[dict[str, float]]:
+        """One pass of `num_minibatches` gradient steps, as PPO's (`ppo.py`): random flat
+        steps for a feed-forward model, random whole unrolls for a recurrent one, whose
+        core must start from each unroll's stored state. The targets need whole unrolls,
+        so they come first, from a forward pass without gradient."""
+        with torch.no_grad():
+            logp, _, values = evaluate(self.model, b)
+        targets = self._targets(b, logp, values)
+        if self.model.recurrent:
+            data, axis = b | targets, 1  # time-major columns
+        else:
+            steps = {"obs": b["obs"][:-1], "action": b["action"], "logp": b["logp"], **targets}
+            data, axis = {k: v.flatten(0, 1) for k, v in steps.items()}, 0
+        metrics = []
+        for index in minibatch_indices(data["valid"].shape[axis], self.cfg.num_minibatches):
+            mb = {k: v.index_select(axis, index) for k, v in data.items()}
+            if self.model.recurrent:
+                logp, entropy, values = evaluate(self.model, mb)
+                values = values[:-1]
+            else:
+                params, values = self.model(mb["obs"][None])
+                dist = self.model.distribution(params[0])
+                logp, entropy, values = dist.log_prob(mb["action"]), dist.entropy(), values[0]
+            metrics.append(self._loss_step(logp, entropy, values, mb["logp"], mb))
+        return metrics
+
+    def _loss_step(
+        self,
+        logp: Tensor,
+        entropy: Tensor,
+        values: Tensor,
+        behaviour_logp: Tensor,
+        targets: dict[str, Tensor],
+    ) -> dict[str, float]:
+        """The IMPALA loss (or APPO's, with `pg_clip`) on steps scored with gradient, and
+        one gradient step. `targets` holds each step's `valid`, `vs`, unweighted
+        `advantages` and `pg_rhos`, all without gradient."""
+        cfg = self.cfg
+        valid = targets["valid"]
+        # IMPALA loss (scalable_agent experiment.py): each term summed over the steps.
         n_valid = valid.sum().clamp(min=1.0)
-        advantages = targets.pg_advantages_unweighted
+        advantages = targets["advantages"]
         if cfg.normalize_advantages:
             # Normalise the advantages, then weight them, as PPO's ratio multiplies a
             # normalised advantage. Centring the weighted product instead turns a batch of
@@ -142,29 +206,32 @@ class VTrace(ActorCriticAlgorithm):
             # elsewhere: each update pushes pi further from mu, and a lagged batch's
             # policy collapses.
             advantages = normalize(advantages, valid)
+        # Zeroed at masked steps, whose behaviour logp may be anything.
+        log_ratio = torch.where(valid > 0, logp - behaviour_logp, 0.0)
         metrics: dict[str, float] = {}
         if cfg.pg_clip is not None:
             # APPO (IMPACT): PPO's clipped surrogate on the V-trace advantage, its ratio
             # pi / mu in place of the truncated importance weight: a step whose ratio is
             # already past 1 +- pg_clip in its advantage's direction gives no gradient,
             # which bounds how far repeated passes (`epochs`) push pi from mu.
-            log_ratio = torch.where(valid > 0, logp - b["logp"], 0.0)
             pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.pg_clip, valid) * n_valid
             # PPO's figure: the share of steps whose ratio lies outside the clip.
             outside = (log_ratio.detach().exp() - 1.0).abs() > cfg.pg_clip
             metrics["clip_fraction"] = (outside * valid).sum().item() / n_valid.item()
         else:
-            pg_loss = -(logp * targets.pg_rhos * advantages * valid).sum()
-        baseline_loss = 0.5 * ((targets.vs - values[:-1]) ** 2 * valid).sum()
+            pg_loss = -(logp * targets["pg_rhos"] * advantages * valid).sum()
+        baseline_loss = 0.5 * ((targets["vs"] - values) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
         if cfg.loss_reduction == "mean":
             loss = loss / n_valid
 
         grad_norm = self.gradient_step(loss)
-        # The ratios the targets use, min(rho_bar, pi/mu), clipped in log space: exp of a
-        # large log-ratio is inf, and a masked step's log-ratio may be inf or NaN.
-        rhos = torch.where(valid > 0, log_rhos.clamp(max=math.log(cfg.rho_bar)).exp(), 0.0)
+        # The ratios min(rho_bar, pi/mu), clipped in log space: exp of a large log-ratio
+        # is inf.
+        rhos = torch.where(
+            valid > 0, log_ratio.detach().clamp(max=math.log(cfg.rho_bar)).exp(), 0.0
+        )
         return {
             "loss": loss.item(),
             "pg_loss": pg_loss.item() / n_valid.item(),
