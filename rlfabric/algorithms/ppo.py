@@ -46,10 +46,11 @@ from rlfabric.algorithms.returns import gae
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
     ActorCriticConfig,
-    evaluate,
     forward,
     masked_mean,
+    minibatch_layout,
     normalize,
+    score_minibatch,
     unroll_steps,
 )
 
@@ -133,11 +134,7 @@ class PPO(ActorCriticAlgorithm):
             "returns": advantages + values[:-1],
         }
 
-        if self.model.recurrent:
-            data, axis = b | targets, 1  # time-major columns
-        else:
-            steps = {"obs": b["obs"][:-1], "action": b["action"], "logp": b["logp"], **targets}
-            data, axis = {k: v.flatten(0, 1) for k, v in steps.items()}, 0
+        data, axis = minibatch_layout(self.model, b, targets)
         size = data["valid"].shape[axis]
 
         totals: dict[str, float] = defaultdict(float)
@@ -150,24 +147,11 @@ class PPO(ActorCriticAlgorithm):
                 steps_taken += 1
         return {key: total / steps_taken for key, total in totals.items()}
 
-    def _score(self, mb: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """log pi(a|x), entropy and V(x) of a minibatch's steps, with gradient.
-
-        Whole unrolls go through the recurrent core from their stored first state;
-        flat steps `[M, ...]` of a feed-forward model go through in one pass.
-        """
-        if self.model.recurrent:
-            logp, entropy, values = evaluate(self.model, mb)
-            return logp, entropy, values[:-1]
-        params, values = self.model(mb["obs"][None])
-        dist = self.model.distribution(params[0])
-        return dist.log_prob(mb["action"]), dist.entropy(), values[0]
-
     def _minibatch_step(self, mb: dict[str, Tensor]) -> dict[str, float]:
         """One gradient step on a minibatch (flat steps or whole unrolls) with its targets."""
         cfg = self.cfg
         valid = mb["valid"]
-        logp, entropy, values = self._score(mb)
+        logp, entropy, values = score_minibatch(self.model, mb)
         advantages = mb["advantages"]
         if cfg.normalize_advantages:
             advantages = normalize(advantages, valid)

@@ -135,6 +135,32 @@ def evaluate(model: ActorCritic, batch: dict[str, Tensor]) -> UnrollEval:
     return UnrollEval(dist.log_prob(batch["action"]), dist.entropy(), values)
 
 
+def minibatch_layout(
+    model: ActorCritic, batch: dict[str, Tensor], targets: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], int]:
+    """A batch and its per-step targets laid out for minibatches, and the axis to split.
+
+    A feed-forward model's steps are flat `[T * B, ...]` (CleanRL `ppo.py` shuffles flat
+    transitions); a recurrent model keeps time-major columns (axis 1), so that its core
+    sees whole unrolls from their stored first state.
+    """
+    if model.recurrent:
+        return batch | targets, 1
+    steps = {"obs": batch["obs"][:-1], "action": batch["action"], "logp": batch["logp"]}
+    return {k: v.flatten(0, 1) for k, v in (steps | targets).items()}, 0
+
+
+def score_minibatch(model: ActorCritic, mb: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """log pi(a|x), entropy and V(x) of a minibatch's steps (`minibatch_layout`), with
+    gradient: whole unrolls through the recurrent core, flat steps in one pass."""
+    if model.recurrent:
+        logp, entropy, values = evaluate(model, mb)
+        return logp, entropy, values[:-1]
+    params, values = model(mb["obs"][None])
+    dist = model.distribution(params[0])
+    return dist.log_prob(mb["action"]), dist.entropy(), values[0]
+
+
 class ActorCriticAlgorithm(Algorithm):
     """An `ActorCritic` network, its optimizer and the sampling policy step.
 

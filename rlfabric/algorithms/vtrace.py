@@ -38,7 +38,9 @@ from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
     ActorCriticConfig,
     evaluate,
+    minibatch_layout,
     normalize,
+    score_minibatch,
     unroll_steps,
 )
 
@@ -163,22 +165,11 @@ class VTrace(ActorCriticAlgorithm):
         so they come first, from a forward pass without gradient."""
         with torch.no_grad():
             logp, _, values = evaluate(self.model, b)
-        targets = self._targets(b, logp, values)
-        if self.model.recurrent:
-            data, axis = b | targets, 1  # time-major columns
-        else:
-            steps = {"obs": b["obs"][:-1], "action": b["action"], "logp": b["logp"], **targets}
-            data, axis = {k: v.flatten(0, 1) for k, v in steps.items()}, 0
+        data, axis = minibatch_layout(self.model, b, self._targets(b, logp, values))
         metrics = []
         for index in minibatch_indices(data["valid"].shape[axis], self.cfg.num_minibatches):
             mb = {k: v.index_select(axis, index) for k, v in data.items()}
-            if self.model.recurrent:
-                logp, entropy, values = evaluate(self.model, mb)
-                values = values[:-1]
-            else:
-                params, values = self.model(mb["obs"][None])
-                dist = self.model.distribution(params[0])
-                logp, entropy, values = dist.log_prob(mb["action"]), dist.entropy(), values[0]
+            logp, entropy, values = score_minibatch(self.model, mb)
             metrics.append(self._loss_step(logp, entropy, values, mb["logp"], mb))
         return metrics
 
