@@ -227,6 +227,41 @@ def test_epochs_take_one_gradient_step_per_pass_with_fresh_targets():
     assert first["rho_mean"] != pytest.approx(second["rho_mean"], rel=1e-4)
 
 
+@pytest.mark.parametrize("num_minibatches", [1, 2])
+def test_targets_once_per_batch_keep_the_first_passs_targets(monkeypatch, num_minibatches):
+    """`algo.recompute_targets=false`: every pass scores its steps against the targets
+    the network gave before the batch's first step, as PPO's GAE, although the weights
+    move between passes; by default the second pass's targets are its own."""
+
+    def spy(algo: VTrace) -> list[dict[str, torch.Tensor]]:
+        seen: list[dict[str, torch.Tensor]] = []
+        step = algo._loss_step
+        monkeypatch.setattr(algo, "_loss_step", lambda *a: seen.append(a[-1]) or step(*a))
+        return seen
+
+    batch = _batch()
+    cfg = dict(epochs=2, num_minibatches=num_minibatches, optimizer="adam", lr=0.01)
+    fixed = _algo(recompute_targets=False, **cfg)
+    *_, ret = _reference(fixed, batch)
+    before = [p.detach().clone() for p in fixed.model.parameters()]
+    seen = spy(fixed)
+    fixed.update(batch)
+    assert not all(torch.equal(a, b) for a, b in zip(before, fixed.model.parameters()))
+    halves = len(seen) // 2
+    for first, second in zip(seen[:halves], seen[halves:]):
+        assert set(first) == set(second)
+    vs = [torch.cat([t["vs"].flatten() for t in part]) for part in (seen[:halves], seen[halves:])]
+    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(vs[1]).values)
+    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(ret.vs.flatten()).values)
+
+    fresh = _algo(**cfg)
+    seen = spy(fresh)
+    fresh.update(batch)
+    vs = [torch.cat([t["vs"].flatten() for t in part]) for part in (seen[:halves], seen[halves:])]
+    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(ret.vs.flatten()).values)
+    assert not torch.allclose(torch.sort(vs[0]).values, torch.sort(vs[1]).values)
+
+
 def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
     """`algo.pg_clip` (APPO): the pg term is -min(r A, clip(r, 1-e, 1+e) A), r = pi/mu and
     A = r_s + gamma v_{s+1} - V(x_s) unweighted, summed like IMPALA's other terms. Some of

@@ -10,7 +10,8 @@ lr annealed linearly to 0. rho_bar = c_bar = 1 ("rho_bar = 1 worked best").
 Off by default, three APPO options (Luo et al. 2020, "IMPACT"; RLlib's APPO): `epochs`
 passes over each batch, `num_minibatches` gradient steps per pass (each on a random
 share of the batch's steps, its V-trace targets computed over the whole unrolls at the
-start of the pass), and `pg_clip`, PPO's clipped surrogate in place of the truncated weight.
+start of the pass, or once per batch with `recompute_targets: false`), and `pg_clip`,
+PPO's clipped surrogate in place of the truncated weight.
 
 Time alignment (scalable_agent): `obs[t]` is what `action[t]` was taken in;
 `reward[t]`, `terminated[t]` and `truncated[t]` are what followed it; the last
@@ -92,6 +93,13 @@ class VTraceConfig(ActorCriticConfig):
         "random whole unrolls, each V-trace target computed over the whole unroll at the "
         "start of the pass (IMPALA: 1, the whole batch; RLlib's APPO: minibatch_size)",
     )
+    recompute_targets: bool = Field(
+        True,
+        description="with epochs > 1: recompute the V-trace targets and advantages with the "
+        "current network at the start of each pass (true), or compute them once per batch "
+        "before its first step, as PPO computes GAE (false). Recomputed, a later pass's "
+        "advantages are measured against a V already fit to this batch's targets",
+    )
 
     model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
 
@@ -112,11 +120,16 @@ class VTrace(ActorCriticAlgorithm):
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """`epochs` passes of `num_minibatches` gradient steps; the metrics are their means."""
+        cfg = self.cfg
         b = self.batch_tensors(batch)
+        fixed = None if cfg.recompute_targets else self._start_targets(b)
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for _ in range(self.cfg.epochs):
-            passes = [self._step(b)] if self.cfg.num_minibatches == 1 else self._pass(b)
+        for _ in range(cfg.epochs):
+            if fixed is None and cfg.num_minibatches == 1:
+                passes = [self._step(b)]
+            else:
+                passes = self._pass(b, fixed)
             for metrics in passes:
                 for key, value in metrics.items():
                     totals[key] += value
@@ -158,14 +171,23 @@ class VTrace(ActorCriticAlgorithm):
         targets = self._targets(b, logp, values)
         return self._loss_step(logp, entropy, values[:-1], b["logp"], targets)
 
-    def _pass(self, b: dict[str, Tensor]) -> list[dict[str, float]]:
+    def _start_targets(self, b: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The targets of the whole unrolls under the network as it is now, from a forward
+        pass without gradient."""
+        with torch.no_grad():
+            logp, _, values = evaluate(self.model, b)
+        return self._targets(b, logp, values)
+
+    def _pass(
+        self, b: dict[str, Tensor], targets: dict[str, Tensor] | None
+    ) -> list[dict[str, float]]:
         """One pass of `num_minibatches` gradient steps, as PPO's (`ppo.py`): random flat
         steps for a feed-forward model, random whole unrolls for a recurrent one, whose
         core must start from each unroll's stored state. The targets need whole unrolls,
-        so they come first, from a forward pass without gradient."""
-        with torch.no_grad():
-            logp, _, values = evaluate(self.model, b)
-        data, axis = minibatch_layout(self.model, b, self._targets(b, logp, values))
+        so they come first: the batch's own (`targets`), or else this pass's."""
+        if targets is None:
+            targets = self._start_targets(b)
+        data, axis = minibatch_layout(self.model, b, targets)
         metrics = []
         for index in minibatch_indices(data["valid"].shape[axis], self.cfg.num_minibatches):
             mb = {k: v.index_select(axis, index) for k, v in data.items()}
