@@ -103,3 +103,31 @@ def test_time_left_holds_when_frames_arrive_in_bursts(tmp_path, capsys):
     assert all(line.endswith(" left") for line in lines[1:]), lines
     # At 10 s: 1,000 frames, 100 frames/s on average, 9,000 frames to go.
     assert lines[-1].endswith("10% of 10,000 frames, ~0h01m30s left"), lines[-1]
+
+
+def test_displayed_frame_rate_is_steady_when_frames_arrive_in_bursts(tmp_path, capsys):
+    """The display's env frames/s is the rate over the last RATE_WINDOW_S, not the
+    interval's 0 or 200 of a learner-bound run; metrics.jsonl keeps the interval's."""
+    from rlfabric.platform.reporting import RATE_WINDOW_S, Reporter, read_records
+
+    seconds = 2 * int(RATE_WINDOW_S)
+    reporter = Reporter(tmp_path, "plain", "title")
+    try:
+        for second in range(1, seconds + 1):
+            burst = second % 2 == 0  # a batch of 200 frames lands every other second
+            reporter.log(
+                {
+                    "env_frames": 100 * (second - second % 2),
+                    "env_frames_per_s": 200.0 if burst else 0.0,
+                    "wall_time_s": float(second),
+                }
+            )
+    finally:
+        reporter.close()
+    lines = capsys.readouterr().out.splitlines()
+    rates = [line.split("env frames/s=")[1].split(" ")[0] for line in lines if "frames/s" in line]
+    assert len(rates) == seconds
+    assert rates[0] == "0"  # one record: no window yet, the interval's own rate
+    assert set(rates[int(RATE_WINDOW_S) :]) == {"100"}, rates
+    logged = [r["env_frames_per_s"] for r in read_records(tmp_path / "metrics.jsonl")]
+    assert set(logged) == {0.0, 200.0}

@@ -24,7 +24,7 @@ from rlfabric.runtime.config import StopConfig
 DISPLAY_ROWS = [
     ("env_frames", "env frames", "{:,.0f}"),
     ("agent_steps", "agent steps", "{:,.0f}"),
-    ("env_frames_per_s", "env frames/s", "{:,.0f}"),
+    ("env_frames_per_s", "env frames/s", "{:,.0f}"),  # shown over RATE_WINDOW_S
     ("episode_return_mean", "return ({window} ep)", "{:.2f}"),
     ("eval_return_mean", "eval return", "{:.2f}"),
     ("episodes", "episodes", "{:,.0f}"),
@@ -42,6 +42,9 @@ DISPLAY_ROWS = [
     ("wall_time_s", "wall time s", "{:.1f}"),
 ]
 
+
+#: Seconds of records over which the display's env frames/s is taken.
+RATE_WINDOW_S = 30.0
 
 #: Seconds between the plain display's time breakdown lines (its every-interval line
 #: keeps to frames, return and loss: a log, not a dashboard).
@@ -73,6 +76,28 @@ def progress_text(record: dict[str, Any], stop: StopConfig) -> str:
         minutes, seconds = divmod(int(min(left)), 60)
         parts.append(f"~{minutes // 60}h{minutes % 60:02d}m{seconds:02d}s left")
     return ", ".join(parts)
+
+
+def windowed_rate(records: list[dict[str, Any]], key: str = "env_frames") -> float | None:
+    """`key`'s rate per second over the last `RATE_WINDOW_S` of wall time in `records`,
+    or None with less than two records in that window.
+
+    A learner-bound run's frames arrive a batch at a time (PPO on Atari takes seconds
+    per batch while its envs wait), so the interval rate in metrics.jsonl swings between
+    0 and several times the mean; the display shows the window's rate instead.
+    """
+    last = records[-1] if records else {}
+    if key not in last or "wall_time_s" not in last:
+        return None
+    first = None
+    for record in records[-2::-1]:
+        if record.get("wall_time_s", -math.inf) < last["wall_time_s"] - RATE_WINDOW_S:
+            break
+        if key in record:
+            first = record
+    if first is None or last["wall_time_s"] <= first["wall_time_s"]:
+        return None
+    return (last[key] - first[key]) / (last["wall_time_s"] - first["wall_time_s"])
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -121,10 +146,14 @@ class Reporter:
         step = int(record.get("env_frames", 0))
         for key, value in record.items():
             self._tb.add_scalar(key, value, step)
+        shown = dict(record)
+        rate = windowed_rate(self.records)
+        if rate is not None:
+            shown["env_frames_per_s"] = rate
         if self._live is not None:
-            self._live.update(self._table(record))
+            self._live.update(self._table(shown))
         elif self.display == "plain":
-            print(self._line(record), flush=True)
+            print(self._line(shown), flush=True)
             wall = record.get("wall_time_s", 0.0)
             if wall - self._breakdown_at >= PLAIN_BREAKDOWN_EVERY_S:
                 self._breakdown_at = wall
