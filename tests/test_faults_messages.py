@@ -79,6 +79,19 @@ def test_plain_display_shows_progress_and_a_slower_time_breakdown(tmp_path, caps
     assert len(breakdowns) == 2 and "env step ms (group)=0.500" in breakdowns[0]
 
 
+def _log_bursts(reporter, seconds: int) -> None:
+    """A learner-bound run's records: a batch of 200 frames lands every other second, so
+    the interval rate alternates 0 and 200 around a mean of 100 frames/s."""
+    for second in range(1, seconds + 1):
+        reporter.log(
+            {
+                "env_frames": 100 * (second - second % 2),
+                "env_frames_per_s": 200.0 if second % 2 == 0 else 0.0,
+                "wall_time_s": float(second),
+            }
+        )
+
+
 def test_time_left_holds_when_frames_arrive_in_bursts(tmp_path, capsys):
     """A learner-bound run (PPO on Atari) counts its frames a batch at a time: the
     interval rate alternates 0 and twice the mean, and the time left must not vanish
@@ -88,15 +101,7 @@ def test_time_left_holds_when_frames_arrive_in_bursts(tmp_path, capsys):
 
     reporter = Reporter(tmp_path, "plain", "title", StopConfig(env_frames=10_000))
     try:
-        for second in range(1, 11):
-            burst = second % 2 == 0  # a batch of 200 frames lands every other second
-            reporter.log(
-                {
-                    "env_frames": 100 * (second - second % 2),
-                    "env_frames_per_s": 200.0 if burst else 0.0,
-                    "wall_time_s": float(second),
-                }
-            )
+        _log_bursts(reporter, 10)
     finally:
         reporter.close()
     lines = [line for line in capsys.readouterr().out.splitlines() if "frames" in line]
@@ -113,15 +118,7 @@ def test_displayed_frame_rate_is_steady_when_frames_arrive_in_bursts(tmp_path, c
     seconds = 2 * int(RATE_WINDOW_S)
     reporter = Reporter(tmp_path, "plain", "title")
     try:
-        for second in range(1, seconds + 1):
-            burst = second % 2 == 0  # a batch of 200 frames lands every other second
-            reporter.log(
-                {
-                    "env_frames": 100 * (second - second % 2),
-                    "env_frames_per_s": 200.0 if burst else 0.0,
-                    "wall_time_s": float(second),
-                }
-            )
+        _log_bursts(reporter, seconds)
     finally:
         reporter.close()
     lines = capsys.readouterr().out.splitlines()
