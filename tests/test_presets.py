@@ -69,8 +69,13 @@ def test_names_only_get_the_family_preset():
     assert (pong.preset, pong.algo.optimizer, pong.algo.epochs, pong.algo.pg_clip) == (
         "vtrace/atari",
         "adam",
-        2,
-        0.2,
+        4,
+        0.1,
+    )
+    assert (pong.algo.num_minibatches, pong.algo.batch_size, pong.algo.unroll_length) == (
+        4,
+        8,
+        128,
     )
     # The example spec keeps the paper's settings: a spec's own values win.
     paper = ExperimentSpec.from_yaml(EXAMPLES / "pong_seed_vtrace.yaml")
