@@ -122,7 +122,8 @@ class VTrace(ActorCriticAlgorithm):
         """`epochs` passes of `num_minibatches` gradient steps; the metrics are their means."""
         cfg = self.cfg
         b = self.batch_tensors(batch)
-        fixed = None if cfg.recompute_targets else self._start_targets(b)
+        once = not cfg.recompute_targets and cfg.epochs > 1
+        fixed = self._start_targets(b) if once else None
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         for _ in range(cfg.epochs):

@@ -90,7 +90,8 @@ def windowed_rate(records: list[dict[str, Any]], key: str = "env_frames") -> flo
     if key not in last or "wall_time_s" not in last:
         return None
     first = None
-    for record in records[-2::-1]:
+    for i in range(len(records) - 2, -1, -1):  # back from the end: no copy of a long run's list
+        record = records[i]
         if record.get("wall_time_s", -math.inf) < last["wall_time_s"] - RATE_WINDOW_S:
             break
         if key in record:
