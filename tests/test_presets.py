@@ -77,6 +77,7 @@ def test_names_only_get_the_family_preset():
         8,
         128,
     )
+    assert not pong.algo.recompute_targets
     # The example spec keeps the paper's settings: a spec's own values win.
     paper = ExperimentSpec.from_yaml(EXAMPLES / "pong_seed_vtrace.yaml")
     assert (paper.algo.optimizer, paper.algo.lr, paper.algo.entropy_cost) == (
