@@ -233,33 +233,32 @@ def test_targets_once_per_batch_keep_the_first_passs_targets(monkeypatch, num_mi
     the network gave before the batch's first step, as PPO's GAE, although the weights
     move between passes; by default the second pass's targets are its own."""
 
-    def spy(algo: VTrace) -> list[dict[str, torch.Tensor]]:
-        seen: list[dict[str, torch.Tensor]] = []
+    def targets_per_pass(algo: VTrace) -> list[torch.Tensor]:
+        """One update; the sorted `vs` each pass's gradient steps were given (minibatches
+        shuffle the steps, so a pass's targets are compared as a set)."""
+        seen: list[torch.Tensor] = []
         step = algo._loss_step
-        monkeypatch.setattr(algo, "_loss_step", lambda *a: seen.append(a[-1]) or step(*a))
-        return seen
+        monkeypatch.setattr(algo, "_loss_step", lambda *a: seen.append(a[-1]["vs"]) or step(*a))
+        algo.update(batch)
+        half = len(seen) // 2  # the passes' steps come one pass after the other
+        return [
+            torch.cat([v.flatten() for v in p]).sort().values for p in (seen[:half], seen[half:])
+        ]
 
     batch = _batch()
     cfg = dict(epochs=2, num_minibatches=num_minibatches, optimizer="adam", lr=0.01)
     fixed = _algo(recompute_targets=False, **cfg)
     *_, ret = _reference(fixed, batch)
+    start_vs = ret.vs.flatten().sort().values
     before = [p.detach().clone() for p in fixed.model.parameters()]
-    seen = spy(fixed)
-    fixed.update(batch)
+    first, second = targets_per_pass(fixed)
     assert not all(torch.equal(a, b) for a, b in zip(before, fixed.model.parameters()))
-    halves = len(seen) // 2
-    for first, second in zip(seen[:halves], seen[halves:]):
-        assert set(first) == set(second)
-    vs = [torch.cat([t["vs"].flatten() for t in part]) for part in (seen[:halves], seen[halves:])]
-    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(vs[1]).values)
-    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(ret.vs.flatten()).values)
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(first, start_vs)
 
-    fresh = _algo(**cfg)
-    seen = spy(fresh)
-    fresh.update(batch)
-    vs = [torch.cat([t["vs"].flatten() for t in part]) for part in (seen[:halves], seen[halves:])]
-    torch.testing.assert_close(torch.sort(vs[0]).values, torch.sort(ret.vs.flatten()).values)
-    assert not torch.allclose(torch.sort(vs[0]).values, torch.sort(vs[1]).values)
+    first, second = targets_per_pass(_algo(**cfg))
+    torch.testing.assert_close(first, start_vs)
+    assert not torch.allclose(first, second)
 
 
 def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
