@@ -284,6 +284,49 @@ def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
     assert 0.0 < metrics["clip_fraction"] < 1.0
 
 
+def test_pg_clip_target_clips_against_the_targets_policy_and_weights_by_its_lag():
+    """`algo.pg_clip_target` (IMPACT): the ratio is pi/pi_t, pi_t the policy the targets
+    were computed under, and the advantage is weighted by min(1, pi_t/mu). On a lagged
+    batch's first step pi = pi_t: nothing is clipped and the pg term is IMPALA's,
+    -sum(min(1, pi/mu) A), where the clip on pi/mu would change it."""
+    cfg = dict(loss_reduction="sum", pg_clip=0.2, baseline_cost=0.0, entropy_cost=0.0)
+    batch = _batch()
+    algo = _algo(pg_clip_target=True, **cfg)
+    logp, _, _, valid, ret = _reference(algo, batch)
+    ratio = torch.exp(logp - torch.as_tensor(batch["logp"]))
+    assert ((ratio[valid > 0] - 1.0).abs() > 0.2).any().item()
+    algo.optimizer = torch.optim.SGD(algo.model.parameters(), lr=0.0)
+    metrics = algo.update(batch)
+    expected = -(ret.pg_advantages * valid).sum()
+    assert metrics["loss"] == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["clip_fraction"] == 0.0
+    behaviour = _algo(**cfg)
+    behaviour.optimizer = torch.optim.SGD(behaviour.model.parameters(), lr=0.0)
+    assert behaviour.update(batch)["loss"] != pytest.approx(expected.item(), rel=1e-3)
+
+
+def test_pg_clip_target_is_the_clip_on_pi_over_mu_without_lag():
+    """A batch acted by the learner's own policy (mu = pi_t): over two passes with the
+    targets kept from the first, the target form's losses and weights equal the clip on
+    pi/mu, though the second pass's ratios are past the first step."""
+    batch = _batch()
+    cfg = dict(pg_clip=0.1, epochs=2, recompute_targets=False, optimizer="adam", lr=0.05)
+    forms = [_algo(pg_clip_target=target, **cfg) for target in (True, False)]
+    logp, *_ = _reference(forms[0], batch)
+    batch["logp"] = logp.numpy()
+    results = [form.update(batch) for form in forms]
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
+    assert results[0]["clip_fraction"] == pytest.approx(results[1]["clip_fraction"])
+    assert results[0]["clip_fraction"] > 0.0
+    for a, b in zip(*(form.model.parameters() for form in forms)):
+        torch.testing.assert_close(a, b)
+
+
+def test_pg_clip_target_needs_pg_clip():
+    with pytest.raises(ValueError, match="pg_clip_target=true needs pg_clip"):
+        VTraceConfig(pg_clip_target=True)
+
+
 def test_minibatches_are_flat_steps_scored_against_whole_unroll_targets(monkeypatch):
     """`algo.num_minibatches` (APPO): each pass computes the V-trace targets over the whole
     unrolls, then takes one gradient step per random minibatch of flat (t, b) steps, its

@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from rlfabric.algorithms.ppo import clipped_policy_loss, minibatch_indices
@@ -79,6 +79,14 @@ class VTraceConfig(ActorCriticConfig):
         "advantage, as APPO (IMPACT, Luo et al. 2020; RLlib's APPO: 0.4); null: IMPALA's "
         "policy gradient",
     )
+    pg_clip_target: bool = Field(
+        False,
+        description="with pg_clip: clip pi/pi_t, pi_t the policy the V-trace targets were "
+        "computed under (at the start of the batch's update, or of the pass with "
+        "recompute_targets), each step's advantage weighted by min(pg_rho_bar, pi_t/mu) "
+        "(IMPACT's target network; RLlib's APPO). False: clip pi/mu, so the steps of a batch "
+        "acted several updates ago start their first pass partly clipped",
+    )
     epochs: int = Field(
         1,
         ge=1,
@@ -102,6 +110,12 @@ class VTraceConfig(ActorCriticConfig):
     )
 
     model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _target_clip_needs_a_clip(self) -> VTraceConfig:
+        if self.pg_clip_target and self.pg_clip is None:
+            raise ValueError("pg_clip_target=true needs pg_clip (the clip it moves), got null")
+        return self
 
 
 class VTrace(ActorCriticAlgorithm):
@@ -163,6 +177,7 @@ class VTrace(ActorCriticAlgorithm):
             "vs": targets.vs,
             "advantages": targets.pg_advantages_unweighted,
             "pg_rhos": targets.pg_rhos,
+            "target_logp": logp.detach(),
         }
 
     def _step(self, b: dict[str, Tensor]) -> dict[str, float]:
@@ -206,7 +221,8 @@ class VTrace(ActorCriticAlgorithm):
     ) -> dict[str, float]:
         """The IMPALA loss (or APPO's, with `pg_clip`) on steps scored with gradient, and
         one gradient step. `targets` holds each step's `valid`, `vs`, unweighted
-        `advantages` and `pg_rhos`, all without gradient."""
+        `advantages`, `pg_rhos` and the `target_logp` they were computed with, all without
+        gradient."""
         cfg = self.cfg
         valid = targets["valid"]
         # IMPALA loss (scalable_agent experiment.py): each term summed over the steps.
@@ -228,9 +244,17 @@ class VTrace(ActorCriticAlgorithm):
             # pi / mu in place of the truncated importance weight: a step whose ratio is
             # already past 1 +- pg_clip in its advantage's direction gives no gradient,
             # which bounds how far repeated passes (`epochs`) push pi from mu.
-            pg_loss = clipped_policy_loss(log_ratio, advantages, cfg.pg_clip, valid) * n_valid
+            clip_log_ratio = log_ratio
+            if cfg.pg_clip_target:
+                # IMPACT: the trust region is centred on pi_t, the policy the targets
+                # were computed under, not on a mu several updates old; the truncated
+                # weight pi_t / mu corrects the advantage for the lag. With no lag
+                # (pi_t = mu) this is the clip on pi/mu.
+                clip_log_ratio = torch.where(valid > 0, logp - targets["target_logp"], 0.0)
+                advantages = targets["pg_rhos"] * advantages
+            pg_loss = clipped_policy_loss(clip_log_ratio, advantages, cfg.pg_clip, valid) * n_valid
             # PPO's figure: the share of steps whose ratio lies outside the clip.
-            outside = (log_ratio.detach().exp() - 1.0).abs() > cfg.pg_clip
+            outside = (clip_log_ratio.detach().exp() - 1.0).abs() > cfg.pg_clip
             metrics["clip_fraction"] = (outside * valid).sum().item() / n_valid.item()
         else:
             pg_loss = -(logp * targets["pg_rhos"] * advantages * valid).sum()
