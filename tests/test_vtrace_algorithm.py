@@ -287,9 +287,17 @@ def test_pg_clip_takes_ppos_clipped_surrogate_on_the_vtrace_advantage():
 def test_pg_clip_target_clips_against_the_targets_policy_and_weights_by_its_lag():
     """`algo.pg_clip_target` (IMPACT): the ratio is pi/pi_t, pi_t the policy the targets
     were computed under, and the advantage is weighted by min(1, pi_t/mu). On a lagged
-    batch's first step pi = pi_t: nothing is clipped and the pg term is IMPALA's,
-    -sum(min(1, pi/mu) A), where the clip on pi/mu would change it."""
-    cfg = dict(loss_reduction="sum", pg_clip=0.2, baseline_cost=0.0, entropy_cost=0.0)
+    batch with the weights held still (lr 0) pi = pi_t at every step: nothing is clipped
+    and the pg term is IMPALA's, -sum(min(1, pi/mu) A), where the clip on pi/mu would
+    change it."""
+    cfg = dict(
+        loss_reduction="sum",
+        pg_clip=0.2,
+        baseline_cost=0.0,
+        entropy_cost=0.0,
+        epochs=2,
+        recompute_targets=False,
+    )
     batch = _batch()
     algo = _algo(pg_clip_target=True, **cfg)
     logp, _, _, valid, ret = _reference(algo, batch)
@@ -322,9 +330,14 @@ def test_pg_clip_target_is_the_clip_on_pi_over_mu_without_lag():
         torch.testing.assert_close(a, b)
 
 
-def test_pg_clip_target_needs_pg_clip():
+def test_pg_clip_target_needs_a_clip_that_can_bind():
     with pytest.raises(ValueError, match="pg_clip_target=true needs pg_clip"):
-        VTraceConfig(pg_clip_target=True)
+        VTraceConfig(pg_clip_target=True, num_minibatches=2)
+    for steps in (dict(epochs=2), dict(epochs=1, recompute_targets=False)):
+        with pytest.raises(ValueError, match="the clip never binds: set num_minibatches > 1"):
+            VTraceConfig(pg_clip_target=True, pg_clip=0.1, **steps)
+    VTraceConfig(pg_clip_target=True, pg_clip=0.1, epochs=2, recompute_targets=False)
+    VTraceConfig(pg_clip_target=True, pg_clip=0.1, num_minibatches=2)
 
 
 def test_minibatches_are_flat_steps_scored_against_whole_unroll_targets(monkeypatch):

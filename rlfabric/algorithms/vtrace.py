@@ -112,9 +112,22 @@ class VTraceConfig(ActorCriticConfig):
     model_config = ActorCriticConfig.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
-    def _target_clip_needs_a_clip(self) -> VTraceConfig:
-        if self.pg_clip_target and self.pg_clip is None:
+    def _target_clip_can_bind(self) -> VTraceConfig:
+        """pi_t is the policy the targets were computed under: the clip binds only on the
+        steps after the first that shares those targets."""
+        if not self.pg_clip_target:
+            return self
+        if self.pg_clip is None:
             raise ValueError("pg_clip_target=true needs pg_clip (the clip it moves), got null")
+        once = not self.recompute_targets and self.epochs > 1
+        if self.num_minibatches * (self.epochs if once else 1) == 1:
+            raise ValueError(
+                "pg_clip_target=true with one gradient step per computation of the targets "
+                f"(num_minibatches=1, epochs={self.epochs}, recompute_targets="
+                f"{str(self.recompute_targets).lower()}) clips against the policy being "
+                "stepped, so the clip never binds: set num_minibatches > 1, or epochs > 1 "
+                "with recompute_targets=false"
+            )
         return self
 
 
