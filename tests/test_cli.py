@@ -76,11 +76,16 @@ def test_resume_from_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig):
+@pytest.mark.parametrize(
+    "sig, arch",
+    [(signal.SIGINT, "local"), (signal.SIGTERM, "local"), (signal.SIGTERM, "seed")],
+    # seed: a driver on Ray, whose ray.init() installs its own SIGTERM crash handler
+    ids=["ctrl-c", "sigterm", "sigterm-ray"],
+)
+def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig, arch):
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        "arch: local\nenv: {id: CartPole-v1, num_envs: 8}\n"
+        f"arch: {arch}\nenv: {{id: CartPole-v1, num_envs: 8}}\n"
         f"run: {{logdir: {tmp_path}, name: interrupted, display: plain}}\n"
     )
     proc = subprocess.Popen(

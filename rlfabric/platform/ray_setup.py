@@ -10,8 +10,12 @@ joins that cluster instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 
 import ray
 
@@ -26,7 +30,8 @@ def init_ray(resources: ResourcesConfig) -> bool:
         return False
     address = resources.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        with _keep_sigterm_handler():
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return True
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # Ray announces on every start that it chose token authentication (the safe
@@ -34,19 +39,38 @@ def init_ray(resources: ResourcesConfig) -> bool:
     auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     auth_log.addFilter(_token_auth_enabled_notice)
     try:
-        ray.init(
-            # "local": start our own, never join a cluster another process started here
-            address="local",
-            num_cpus=resources.num_cpus or os.cpu_count(),
-            _node_ip_address=LOOPBACK,
-            include_dashboard=resources.dashboard,
-            dashboard_host=LOOPBACK,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-        )
+        with _keep_sigterm_handler():
+            ray.init(
+                # "local": start our own, never join a cluster another process started here
+                address="local",
+                num_cpus=resources.num_cpus or os.cpu_count(),
+                _node_ip_address=LOOPBACK,
+                include_dashboard=resources.dashboard,
+                dashboard_host=LOOPBACK,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
     finally:
         auth_log.removeFilter(_token_auth_enabled_notice)
     return True
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Put back a Python SIGTERM handler that `ray.init()` replaces.
+
+    Ray's core worker installs a crash handler for SIGTERM in the driver that logs a
+    stack trace and ends the process, in place of `rlfabric train`'s (SIGTERM, what
+    `ray job stop` sends, ends a run as Ctrl-C does: final checkpoint, actors stopped).
+    A process without a Python handler keeps Ray's.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _token_auth_enabled_notice(record: logging.LogRecord) -> bool:
