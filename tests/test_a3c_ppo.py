@@ -189,7 +189,7 @@ def test_ppo_loss_matches_cleanrl_formula():
 
 def test_ppo_feed_forward_minibatches_are_the_steps_of_the_split(monkeypatch):
     split = list(torch.randperm(T * B, generator=torch.Generator().manual_seed(0)).chunk(2))
-    monkeypatch.setattr(ppo, "minibatch_indices", lambda size, n: split)
+    monkeypatch.setattr(ppo, "minibatch_indices", lambda size, n, device: split)
     algo = _algo(PPO, epochs=2, num_minibatches=2)
     batch = _batch()
     metrics, _ = _frozen_update(algo, batch)
@@ -224,8 +224,8 @@ def test_ppo_recurrent_minibatches_are_whole_columns(monkeypatch):
     splits: list[list[torch.Tensor]] = []
     original = ppo.minibatch_indices
 
-    def recording(size: int, n: int) -> list[torch.Tensor]:
-        splits.append(original(size, n))
+    def recording(size: int, n: int, device: torch.device) -> list[torch.Tensor]:
+        splits.append(original(size, n, device))
         return splits[-1]
 
     monkeypatch.setattr(ppo, "minibatch_indices", recording)
@@ -241,7 +241,7 @@ def test_ppo_recurrent_minibatches_are_whole_columns(monkeypatch):
     for obs, cols in zip(minibatch_obs, [c for split in splits for c in split]):
         torch.testing.assert_close(obs, torch.as_tensor(batch["obs"])[:, cols])
     for size, n in ((10, 4), (5, 5), (7, 1)):
-        parts = ppo.minibatch_indices(size, n)
+        parts = ppo.minibatch_indices(size, n, torch.device("cpu"))
         assert len(parts) == n and sorted(torch.cat(parts).tolist()) == list(range(size))
 
 

@@ -60,6 +60,10 @@ def test_nan_losses_in_a_row_stop_the_run_with_a_clear_error(tmp_path):
         assert torch.isfinite(value).all()
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="needs a machine without GPUs; tests/test_gpu.py covers the learner on one",
+)
 def test_a_gpu_request_without_gpus_falls_back_to_cpu(tmp_path, ray_session, caplog):
     run = {"stop": {"env_frames": 3_000}, "display": "none", "logdir": str(tmp_path)}
     result = Platform(

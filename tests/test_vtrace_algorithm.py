@@ -346,7 +346,7 @@ def test_minibatches_are_flat_steps_scored_against_whole_unroll_targets(monkeypa
     loss IMPALA's (mean-reduced) over the minibatch's valid steps only."""
     order = torch.randperm(T * B, generator=torch.Generator().manual_seed(0))
     split = list(order.split([10, T * B - 10]))  # unequal, so their means weigh steps apart
-    monkeypatch.setattr(vtrace_module, "minibatch_indices", lambda size, n: split)
+    monkeypatch.setattr(vtrace_module, "minibatch_indices", lambda size, n, device: split)
     algo = _algo(loss_reduction="mean", epochs=2, num_minibatches=2)
     assert algo.optimizer_steps_per_update() == 4
     batch = _batch()

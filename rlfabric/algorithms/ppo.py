@@ -76,9 +76,11 @@ class PPOConfig(ActorCriticConfig):
     value_cost: float = Field(0.5, ge=0, description="weight of the value loss (vf_coef)")
 
 
-def minibatch_indices(size: int, num_minibatches: int) -> list[Tensor]:
-    """A random split of `range(size)` (steps or columns) into near-equal groups: each once."""
-    return list(torch.randperm(size).tensor_split(num_minibatches))
+def minibatch_indices(size: int, num_minibatches: int, device: torch.device) -> list[Tensor]:
+    """A random split of `range(size)` (steps or columns) into near-equal groups: each once.
+
+    Made on the batch's `device`: `index_select` on a CUDA tensor refuses a CPU index."""
+    return list(torch.randperm(size, device=device).tensor_split(num_minibatches))
 
 
 def clipped_policy_loss(
@@ -140,7 +142,7 @@ class PPO(ActorCriticAlgorithm):
         totals: dict[str, float] = defaultdict(float)
         steps_taken = 0
         for _ in range(cfg.epochs):
-            for index in minibatch_indices(size, cfg.num_minibatches):
+            for index in minibatch_indices(size, cfg.num_minibatches, data["valid"].device):
                 minibatch = {k: v.index_select(axis, index) for k, v in data.items()}
                 for key, value in self._minibatch_step(minibatch).items():
                     totals[key] += value

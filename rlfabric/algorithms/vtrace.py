@@ -218,7 +218,8 @@ class VTrace(ActorCriticAlgorithm):
             targets = self._start_targets(b)
         data, axis = minibatch_layout(self.model, b, targets)
         metrics = []
-        for index in minibatch_indices(data["valid"].shape[axis], self.cfg.num_minibatches):
+        valid = data["valid"]
+        for index in minibatch_indices(valid.shape[axis], self.cfg.num_minibatches, valid.device):
             mb = {k: v.index_select(axis, index) for k, v in data.items()}
             logp, entropy, values = score_minibatch(self.model, mb)
             metrics.append(self._loss_step(logp, entropy, values, mb["logp"], mb))

@@ -95,7 +95,8 @@ def native_bf16(device_type: str) -> bool:
     """Whether `device_type` computes bfloat16 natively: a GPU that supports it, or a CPU with
     AVX512-BF16 or AMX (Linux flags). Elsewhere oneDNN emulates bf16 at about 3x fp32's cost."""
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        # Native only: by default the call also counts emulation (T4, V100), slower than fp32.
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     if device_type != "cpu":
         return False
     try:

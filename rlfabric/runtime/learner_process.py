@@ -34,6 +34,24 @@ if TYPE_CHECKING:
     from rlfabric.runtime.config import LearningSpec
 
 
+def detached_state(state: Any) -> Any:
+    """`state` with every tensor copied to a CPU tensor of its own storage.
+
+    A learner's state leaves its actor through Ray, which serializes the return value after
+    the method has returned and the update lock is released: tensors that were the live
+    weights could then mix two updates, and CUDA tensors would make a driver without a GPU
+    fail to read the checkpoint (a driver with one would open a CUDA context for it). The
+    copy is made while the caller holds the lock. A CUDA run is checked by `pytest -m gpu`
+    (tests/test_gpu.py); on CPU the copy is what tests can see."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: detached_state(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(detached_state(value) for value in state)
+    return state
+
+
 class LearnerProcess:
     """The Learner, its Feed and trainer threads.
 
@@ -117,7 +135,7 @@ class LearnerProcess:
 
     def algorithm_state(self) -> dict[str, Any]:
         with self._update_lock:
-            return self.learner.algorithm.state_dict()
+            return detached_state(self.learner.algorithm.state_dict())
 
     def join_learners(self, address: str, workers: list[Any]) -> None:
         """Become learner 0 of a data-parallel group (`runtime.data_parallel`)."""
@@ -145,7 +163,8 @@ class LearnerProcess:
 
     def get_state(self, replay_file: str | None = None) -> dict[str, Any]:
         with self._update_lock:
-            return {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
+            state = {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
+            return detached_state(state)
 
     def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
