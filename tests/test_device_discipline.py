@@ -33,9 +33,11 @@ def _tensors(state) -> list[torch.Tensor]:
     return []
 
 
-def test_learner_state_is_a_cpu_copy_that_shares_no_storage_with_the_live_weights():
+def test_learner_state_is_a_cpu_copy_that_shares_no_storage_with_the_live_weights(ray_session):
     """Ray serializes a method's return after the update lock is released: the state
-    must be copied under it, to CPU (a driver without a GPU reads the checkpoint)."""
+    must be copied under it, to CPU (a driver without a GPU reads the checkpoint).
+    The shared Ray session comes first: the learner asks Ray for its GPUs, which would
+    otherwise start a Ray of its own without the test workers' import path."""
     platform = Platform(arch="seed", algo="vtrace", env="CartPole-v1")
     process = LearnerProcess(platform.spec, platform.env_info, None, None, env_groups=2, capacity=1)
     live = _storages(process.learner.algorithm.model.parameters())

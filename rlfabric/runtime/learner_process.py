@@ -41,8 +41,9 @@ def detached_state(state: Any) -> Any:
     the method has returned and the update lock is released: tensors that were the live
     weights could then mix two updates, and CUDA tensors would make a driver without a GPU
     fail to read the checkpoint (a driver with one would open a CUDA context for it). The
-    copy is made while the caller holds the lock. A CUDA run is checked by `pytest -m gpu`
-    (tests/test_gpu.py); on CPU the copy is what tests can see."""
+    copy is made while the caller holds the lock. CPU tests check the copy
+    (tests/test_device_discipline.py); that a CPU-only driver reads a CUDA learner's state
+    needs a GPU to show."""
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
