@@ -6,6 +6,7 @@ Each test stands for a defect that would end the first GPU run; `pytest -m gpu`
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_a3c_ppo import ACT, OBS, _batch
@@ -50,6 +51,16 @@ def test_learner_state_is_a_cpu_copy_that_shares_no_storage_with_the_live_weight
     with torch.no_grad():
         weight.add_(1.0)  # an update after the call does not reach what it returned
     assert not any(torch.equal(t, weight) for t in copy if t.shape == weight.shape)
+
+
+def test_policy_weights_are_copies_of_the_live_weights():
+    """An IMPALA runner's `policy_weights` returned views that Ray serialized after the
+    runner's loop had synced the next version into them (weights of version v + 1
+    tagged v): `get_weights` must copy, on CPU too."""
+    algo = PPO(PPOConfig(), OBS, ACT, ModelConfig(hidden=[8]))
+    weights = algo.get_weights()
+    for name, tensor in algo.model.state_dict().items():
+        assert not np.shares_memory(weights[name], tensor.numpy())
 
 
 def test_detached_state_keeps_the_structure_and_values():

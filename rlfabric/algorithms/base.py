@@ -229,7 +229,13 @@ class Algorithm(ABC):
             )
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
+        """The model's weights as numpy copies: never views of the live tensors, which a
+        CPU model's `.numpy()` would give. Callers hand them to Ray, which serializes a
+        method's return after it (and any lock it held) has returned, so a view could
+        carry weights stepped or synced in between under the version read before."""
+        return {
+            k: v.detach().to("cpu", copy=True).numpy() for k, v in self.model.state_dict().items()
+        }
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Copy `weights` into the model.

@@ -164,8 +164,10 @@ class LearnerProcess:
 
     def get_state(self, replay_file: str | None = None) -> dict[str, Any]:
         with self._update_lock:
-            state = {**self.learner.state_dict(), **self.feed.checkpoint(replay_file)}
-            return detached_state(state)
+            # The feed's part is already its own: replay contents go to `replay_file` or are
+            # CPU arrays, which a copy here would only double (up to checkpoint_replay_mb).
+            learner = detached_state(self.learner.state_dict())
+            return {**learner, **self.feed.checkpoint(replay_file)}
 
     def snapshot(self, replay_file: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """Metrics and checkpoint state of one moment, for a checkpoint and the metrics
