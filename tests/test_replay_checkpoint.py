@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+import torch
 from test_replay_feed import _pendulum_feed, _train_on
 
 from rlfabric import Platform
@@ -24,6 +27,7 @@ from rlfabric.errors import CheckpointError
 from rlfabric.platform import facade
 from rlfabric.platform.checkpoint import (
     load_checkpoint,
+    newest_checkpoint,
     replay_file_of,
     replay_target,
     save_checkpoint,
@@ -93,8 +97,9 @@ def test_replay_contents_go_beside_the_checkpoint_and_come_back_exactly(
         assert max(pulls.sizes) <= 4096
     else:
         assert pulls.sizes == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, replay_file_of(path).name]
-    with np.load(replay_file_of(path)) as npz:  # a plain .npz
+    sidecar = replay_file_of(path, state["checkpoint_id"])
+    assert {p.name for p in tmp_path.iterdir()} == {path.name, sidecar.name}
+    with np.load(sidecar) as npz:  # a plain .npz
         np.testing.assert_array_equal(npz["count"], inline["buffer"]["count"].numpy())
 
     loaded = load_checkpoint(path)
@@ -134,7 +139,7 @@ def test_a_missing_or_truncated_replay_file_is_named(tmp_path):
     with replay_target(tmp_path) as target:
         state = {**learner.state_dict(), "replay": feed.state_dict(replay_file=str(target))}
         path = save_checkpoint(tmp_path, state, 80, keep=3, replay_file=target)
-    sidecar = replay_file_of(path)
+    sidecar = replay_file_of(path, state["checkpoint_id"])
     data = sidecar.read_bytes()
     sidecar.write_bytes(data[:-100])
     with pytest.raises(CheckpointError, match=rf"{sidecar.name}.*truncated"):
@@ -151,21 +156,75 @@ def test_a_missing_or_truncated_replay_file_is_named(tmp_path):
         fresh.load_state_dict({**state["replay"], "contents_file": contents})
 
 
+def _save(folder: Path, feed: ReplayFeed, learner: Learner, frames: int, keep: int = 3) -> Path:
+    with replay_target(folder) as target:
+        state = {**learner.state_dict(), "replay": feed.state_dict(replay_file=str(target))}
+        return save_checkpoint(folder, state, frames, keep=keep, replay_file=target)
+
+
 def test_pruning_removes_the_replay_files_of_old_checkpoints(tmp_path):
     feed, learner = _filled("learner")
-    orphan = tmp_path / "ckpt_0000000000001.replay.npz"  # a crash between the two renames
+    orphan = tmp_path / "ckpt_0000000000001-0a1b2c3d4e5f.replay.npz"  # its checkpoint never came
     orphan.write_bytes(b"")
     for frames in (10, 20, 30):
-        with replay_target(tmp_path) as target:
-            replay = feed.state_dict(replay_file=str(target))
-            state = {**learner.state_dict(), "replay": replay}
-            save_checkpoint(tmp_path, state, frames, keep=2, replay_file=target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ckpt_0000000000020.pt",
-        "ckpt_0000000000020.replay.npz",
-        "ckpt_0000000000030.pt",
-        "ckpt_0000000000030.replay.npz",
-    ]
+        _save(tmp_path, feed, learner, frames, keep=2)
+    checkpoints = ["ckpt_0000000000020.pt", "ckpt_0000000000030.pt"]
+    ids = [load_checkpoint(tmp_path / name)["checkpoint_id"] for name in checkpoints]
+    assert {p.name for p in tmp_path.iterdir()} == {
+        *checkpoints,
+        *(f"ckpt_{f:013d}-{i}.replay.npz" for f, i in zip((20, 30), ids, strict=True)),
+    }
+
+
+def test_two_checkpoints_at_one_frame_count_never_share_a_replay_file(tmp_path):
+    """A driver that dies between the replay file's rename and the checkpoint's, when
+    saving again at the same frame count (a final checkpoint after a periodic one),
+    leaves the older checkpoint whole: the new replay file has a name of its own."""
+    feed, learner = _filled("learner")
+    first = _save(tmp_path, feed, learner, 80)
+    first_id = load_checkpoint(first)["checkpoint_id"]
+    with replay_target(tmp_path) as target:  # the second save dies before its last rename
+        state = {**learner.state_dict(), "replay": feed.state_dict(replay_file=str(target))}
+        dies = mock.patch("rlfabric.platform.checkpoint.torch.save", side_effect=KeyboardInterrupt)
+        with dies, pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path, state, 80, keep=3, replay_file=target)
+    assert len(list(tmp_path.glob("ckpt_*.replay.npz"))) == 2
+    assert load_checkpoint(first)["checkpoint_id"] == first_id  # loads whole
+    second = _save(tmp_path, feed, learner, 80)  # published: the older files go
+    assert {p.name for p in tmp_path.iterdir()} == {
+        second.name,
+        replay_file_of(second, load_checkpoint(second)["checkpoint_id"]).name,
+    }
+
+
+def test_a_torn_checkpoint_is_skipped_for_the_previous_complete_one(tmp_path, caplog):
+    feed, learner = _filled("learner")
+    older = _save(tmp_path, feed, learner, 40)
+    newer = _save(tmp_path, feed, learner, 80)
+    older_id = load_checkpoint(older)["checkpoint_id"]
+    newer_file = replay_file_of(newer, load_checkpoint(newer)["checkpoint_id"])
+    # Of another id: the newer checkpoint's replay file replaced by one under the older id.
+    newer_file.rename(replay_file_of(newer, older_id))
+    with pytest.raises(CheckpointError, match=r"lacks its replay contents"):
+        load_checkpoint(newer)
+    with caplog.at_level(logging.WARNING, logger="rlfabric"):
+        path, state = newest_checkpoint(tmp_path)
+    assert path == older and state["checkpoint_id"] == older_id
+    assert f"skipping checkpoint {newer.name}" in caplog.text
+    # A checkpoint that names a file of another id is refused, not paired with it.
+    tampered = load_checkpoint(newer, replay=False)
+    tampered["replay"]["contents_file"]["file"] = replay_file_of(newer, older_id).name
+    torch.save(tampered, newer)
+    with pytest.raises(CheckpointError, match=r"of another id"):
+        load_checkpoint(newer)
+    # One file of the pair missing: the same.
+    replay_file_of(newer, older_id).unlink()
+    assert newest_checkpoint(tmp_path)[0] == older
+    assert newest_checkpoint(tmp_path, replay=False)[0] == newer  # evaluation needs no replay
+    for path in tmp_path.glob("ckpt_*.replay.npz"):
+        path.unlink()
+    with pytest.raises(CheckpointError, match=r"no checkpoint .* loads whole"):
+        newest_checkpoint(tmp_path)
 
 
 @contextmanager

@@ -206,12 +206,20 @@ def test_env_families_run_end_to_end(ray_session, tmp_path, env, arch, model):
     assert m["env_frames"] == frameskip * m["agent_steps"]
 
 
-def test_impala_learns_reports_lag_and_refreshes_weights_at_its_cadence(ray_session, tmp_path):
-    stop = {"env_frames": 150_000, "episode_return_mean": 3 * RANDOM_CARTPOLE_RETURN}
-    result = _fit(tmp_path, {"name": "impala", "weights_every": 2}, 150_000, run={"stop": stop})
+def test_impala_reports_lag_and_refreshes_weights_at_its_cadence(ray_session, tmp_path):
+    """Runners fetch weights every `weights_every` unrolls and the learner reports the lag.
+
+    That IMPALA learns is `test_every_architecture_and_algorithm_learns_cartpole`'s
+    claim, with its example spec. This test asked for learning too, with FAST_VTRACE's
+    lr (3e-3, tuned for no lag) at the ~20 updates of lag that `weights_every: 2` makes:
+    alone on the machine, 25 runs needed 52k to 163k frames (median 95k) to reach 3x
+    random, one past the 150k it allowed. The cadence and the lag are this test's own;
+    they hold in any run.
+    """
+    result = _fit(tmp_path, {"name": "impala", "weights_every": 2}, 60_000)
     _assert_artifacts(result)
     m = result.metrics
-    assert result.stop_reason.startswith("episode_return_mean"), m
+    assert result.stop_reason.startswith("env_frames"), m
     assert m["policy_lag"] > 0  # runners act with weights older than the learner's
     # one unroll = one group of 32 envs x 10 steps; a sync at start, then every 2 unrolls
     unrolls = m["env_vector_steps"] / (32 * FAST_VTRACE_T)

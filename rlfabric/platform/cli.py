@@ -2,6 +2,7 @@
 
     rlfabric train SPEC.yaml [section.field=value ...]
     rlfabric train --resume runs/<name> [section.field=value ...]
+    rlfabric train --resume auto SPEC.yaml run.name=NAME [section.field=value ...]
     rlfabric spec show SPEC.yaml [section.field=value ...]
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
@@ -91,7 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train from a YAML spec", spec_help=True)
     train.add_argument("spec", nargs="?", help="YAML experiment spec")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
-    train.add_argument("--resume", metavar="LOGDIR", help="continue the run in LOGDIR")
+    train.add_argument(
+        "--resume",
+        metavar="LOGDIR",
+        help="continue the run in LOGDIR; 'auto' with a spec: continue its run.name's "
+        "folder if it holds this spec's checkpoint, else start it (run.resume=auto)",
+    )
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
     train.add_argument(
         "--import",
@@ -165,7 +171,11 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"resources.address={args.address}")
-    if args.resume:
+    if args.resume == "auto":  # `train --resume auto SPEC`: the spec's run.resume
+        if not args.spec:
+            raise RLFabricError("train --resume auto needs a spec file: SPEC run.name=NAME")
+        platform = Platform.from_yaml(args.spec, [*overrides, "run.resume=auto"])
+    elif args.resume:
         if args.spec:  # `train --resume DIR a.b=c`: argparse took the first override as spec
             overrides.insert(0, args.spec)
         platform = Platform.resume(args.resume, overrides)

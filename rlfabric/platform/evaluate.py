@@ -21,7 +21,7 @@ from rlfabric.algorithms import Algorithm
 from rlfabric.envs import EnvConfig, EpisodeTracker, describe_env, make_vector_env
 from rlfabric.envs.config import find_spec, is_atari
 from rlfabric.errors import CheckpointError, RLFabricError
-from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
+from rlfabric.platform.checkpoint import newest_checkpoint
 from rlfabric.platform.spec import ExperimentSpec
 from rlfabric.runtime.learner import make_algorithm
 
@@ -83,14 +83,12 @@ def load_policy(logdir: str | Path) -> tuple[ExperimentSpec, Algorithm]:
     logdir = Path(logdir)
     if not (logdir / "spec.yaml").is_file():
         raise CheckpointError(f"{str(logdir)!r} is not a run folder: it has no spec.yaml")
-    checkpoints = list_checkpoints(logdir / "checkpoints")
-    if not checkpoints:
-        raise CheckpointError(f"run folder {str(logdir)!r} holds no checkpoint")
+    _, state = newest_checkpoint(logdir / "checkpoints", replay=False)
     spec = ExperimentSpec.from_yaml(logdir / "spec.yaml")
     env_info = describe_env(spec.env)
     budget = spec.stop_conditions(env_info.reward_threshold).env_frames
     algorithm = make_algorithm(spec, env_info, budget)
-    algorithm.load_state_dict(load_checkpoint(checkpoints[-1], replay=False)["algorithm"])
+    algorithm.load_state_dict(state["algorithm"])
     return spec, algorithm
 
 

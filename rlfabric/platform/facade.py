@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from rlfabric.errors import CheckpointError, SpecError
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import (
     list_checkpoints,
-    load_checkpoint,
+    newest_checkpoint,
     replay_target,
     save_checkpoint,
 )
@@ -212,13 +213,17 @@ class Platform:
     def fit(self) -> Result:
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
-        state, logdir = self._prepare_logdir()
+        state, logdir, resumed = self._prepare_logdir()
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title, stop, spec.run.return_window)
         run_log = _RunLog(logdir / "run.log")
         where = f"{logdir} (on {socket.gethostname()})"
         reporter.message(f"logs:       {where}")
         log.info("logs: %s", where)
+        if resumed is not None and state is not None:
+            line = f"{resumed.name} at {state['counters']['env_frames']:,} env frames"
+            reporter.message(f"resumed:    {line}")
+            log.info("resumed from %s", line)
         progress = _Progress(_Clock(state))
         target = stop.episode_return_mean
         progress.target = TargetHit(
@@ -307,13 +312,16 @@ class Platform:
                 progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
                 last_ckpt = now
 
-    def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path]:
+    def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path, Path | None]:
+        """The state to start from (None: a new run), the run folder, the checkpoint."""
         spec = self.spec
         if self._resume_from is not None:
             logdir = self._resume_from
-            state = load_checkpoint(list_checkpoints(logdir / "checkpoints")[-1])
+            path, state = newest_checkpoint(logdir / "checkpoints")
             (logdir / "spec.yaml").write_text(spec.to_yaml())  # overrides given on resume
-            return state, logdir
+            return state, logdir, path
+        if spec.run.resume == "auto":
+            return self._auto_resume()
         name = spec.run.name or (
             f"{spec.env.id.replace('/', '-')}_{spec.arch.name}_{spec.algo.name}_"
             f"{datetime.now():%Y%m%d-%H%M%S}"
@@ -326,7 +334,33 @@ class Platform:
             logdir = parent / f"{name}-{suffix}"
         (logdir / "checkpoints").mkdir(parents=True)
         (logdir / "spec.yaml").write_text(spec.to_yaml())
-        return None, logdir
+        return None, logdir, None
+
+    def _auto_resume(self) -> tuple[dict[str, Any] | None, Path, Path | None]:
+        """`run.resume: auto`: continue logdir/name if it holds this spec's checkpoint,
+        start there if it holds nothing, refuse if it holds another spec's run."""
+        spec = self.spec
+        assert spec.run.name is not None  # RunConfig requires it with resume: auto
+        logdir = runs_folder(spec.run.logdir) / spec.run.name
+        if (logdir / "spec.yaml").is_file():
+            differ = spec_differences(ExperimentSpec.from_yaml(logdir / "spec.yaml"), spec)
+            if differ:
+                raise SpecError(
+                    f"run.resume=auto: run folder {str(logdir)!r} holds another spec's run "
+                    f"({'; '.join(differ)}). Use another run.name, or `rlfabric train "
+                    f"--resume {logdir}` with overrides to change a run on purpose"
+                )
+            if list_checkpoints(logdir / "checkpoints"):
+                path, state = newest_checkpoint(logdir / "checkpoints")
+                (logdir / "spec.yaml").write_text(spec.to_yaml())
+                return state, logdir, path
+            # A run that died before its first checkpoint: its records describe frames
+            # that no checkpoint kept, so it starts over in the same folder.
+            (logdir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(logdir / "tensorboard", ignore_errors=True)
+        (logdir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (logdir / "spec.yaml").write_text(spec.to_yaml())
+        return None, logdir, None
 
     def _checkpoint(
         self, arch: Architecture, logdir: Path, reporter: Reporter, progress: _Progress
@@ -411,6 +445,32 @@ class _RunLog:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self.level)
         self.handler.close()
+
+
+#: Fields a resumed run may change: bookkeeping (not `run.seed`) and the machines it
+#: runs on (a cluster restarted with other nodes). Everything else is the run itself.
+_MAY_DIFFER_ON_RESUME = ("run.", "resources.")
+
+
+def spec_differences(saved: ExperimentSpec, given: ExperimentSpec) -> list[str]:
+    """`field: saved -> given` for each field of the run itself that differs."""
+    old, new = _flatten(saved.to_dict()), _flatten(given.to_dict())
+    return [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+        and (key == "run.seed" or not key.startswith(_MAY_DIFFER_ON_RESUME))
+    ]
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def runs_folder(logdir: str) -> Path:

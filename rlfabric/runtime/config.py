@@ -126,6 +126,12 @@ class RunConfig(_Section):
     """Bookkeeping: seed, stop, logging and checkpoints."""
 
     name: str | None = Field(None, description="run name; null: <env>_<arch>_<algo>_<time>")
+    resume: Literal["never", "auto"] = Field(
+        "never",
+        description="auto: continue the run folder logdir/name from its newest complete "
+        "checkpoint if it holds this spec's run (a job resubmitted after its driver died), "
+        "start there if it holds none, refuse if it holds another spec; never: a new folder",
+    )
     seed: int = Field(0, ge=0, description="seed of envs, model init and action sampling")
     stop: StopConfig = Field(default_factory=StopConfig, description="stop conditions")
     return_window: int = Field(
@@ -180,6 +186,14 @@ class RunConfig(_Section):
     display: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
     )
+
+    @model_validator(mode="after")
+    def _auto_resume_needs_a_name(self) -> RunConfig:
+        if self.resume == "auto" and self.name is None:
+            raise ValueError(
+                "run.resume=auto needs run.name: the folder (under run.logdir) to continue"
+            )
+        return self
 
     @model_validator(mode="after")
     def _eval_stop_needs_evaluations(self) -> RunConfig:
