@@ -19,16 +19,25 @@ class ActorError(RLFabricError):
     Its message is one paragraph for the user; `remote_traceback` keeps the
     actor's traceback for the log file. `user_error` says the actor raised an
     RLFabricError (its message alone says what to fix), whose message is kept as is.
+    `died` says the actor's process died (killed, out of memory, its node lost), as
+    opposed to raising: a death can be mended by starting it again, an exception not.
     """
 
     def __init__(
-        self, message: str, actor: str, remote_traceback: str = "", user_error: bool = False
+        self,
+        message: str,
+        actor: str,
+        remote_traceback: str = "",
+        user_error: bool = False,
+        died: bool = False,
     ) -> None:
         super().__init__(message)
         self.actor = actor
         self.remote_traceback = remote_traceback
         self.user_error = user_error
+        self.died = died
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, bool]]:
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, bool, bool]]:
         # Crosses Ray's object store inside a runner's error: pickle every field.
-        return (type(self), (str(self), self.actor, self.remote_traceback, self.user_error))
+        fields = (str(self), self.actor, self.remote_traceback, self.user_error, self.died)
+        return (type(self), fields)

@@ -123,3 +123,30 @@ def test_auto_precision_on_cuda_counts_native_bf16_only(monkeypatch):
         assert calls == [False]
     finally:
         model_config.native_bf16.cache_clear()
+
+
+def test_local_trains_on_the_gpu_the_spec_asks_for(monkeypatch, tmp_path):
+    """`arch: local` with `resources.num_gpus_per_learner` asks for cuda (it trained on
+    the CPU, then copied every update to an inference_device on cuda)."""
+    from rlfabric.architectures import local
+
+    asked = []
+
+    def cpu_for_the_test(device: str) -> str:
+        asked.append(device)
+        return "cpu"
+
+    monkeypatch.setattr(local, "available_device", cpu_for_the_test)
+    for gpus, expected in ((1, ["cuda"]), (0, [])):
+        asked.clear()
+        platform = Platform(
+            arch="local",
+            algo="vtrace",
+            env={"id": "CartPole-v1", "num_envs": 4},
+            resources={"num_gpus_per_learner": gpus},
+            run={"logdir": str(tmp_path), "display": "none"},
+        )
+        arch = local.LocalArchitecture(platform.spec, platform.env_info, platform.spec.run.stop)
+        arch.start()
+        arch.stop()
+        assert asked == expected

@@ -19,7 +19,7 @@ from rlfabric.architectures.base import ArchConfig, Architecture
 from rlfabric.runtime.acting import RecurrentStates, act_on_requests
 from rlfabric.runtime.env_runner import EnvRunner, Request
 from rlfabric.runtime.feeds import make_feed
-from rlfabric.runtime.learner import Learner
+from rlfabric.runtime.learner import Learner, available_device
 from rlfabric.runtime.unrolls import UnrollAssembler
 
 
@@ -34,7 +34,10 @@ class LocalArchitecture(Architecture):
     def start(self, state: dict[str, Any] | None = None) -> None:
         spec = self.spec
         torch.set_num_threads(spec.resources.learner_threads)
-        self.learner = Learner(spec, self.env_info, self.stop_conditions.env_frames)
+        # resources.num_gpus_per_learner: one process, so the learner simply takes the GPU
+        # (no Ray to place it; the CPU, with a warning, where torch sees none).
+        device = available_device("cuda") if spec.resources.num_gpus_per_learner else "cpu"
+        self.learner = Learner(spec, self.env_info, self.stop_conditions.env_frames, device)
         if state is not None:
             self.learner.load_state_dict(state)
         seed = spec.run.seed + self.learner.counters["agent_steps"]  # resumed runs see new episodes

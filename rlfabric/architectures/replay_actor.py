@@ -20,6 +20,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.replay import ReplayBuffer
 from rlfabric.runtime.replay_files import CHUNK_BYTES, Pull
 
@@ -54,13 +55,19 @@ class _BufferActor:
         return self.buffer.capacity, self.buffer.nbytes
 
 
+def _get(ref: ray.ObjectRef) -> Any:
+    """The buffer actor's answer; its death named as the replay actor's, so that the
+    driver restarts the run from its checkpoint (`Platform.fit`) rather than ending it."""
+    return call(ref, "the replay actor")
+
+
 class RemoteReplayBuffer:
     """A `ReplayBuffer` in a Ray actor; its length is cached from the calls that change it."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
         self._len = 0
-        self._capacity = ray.get(actor.describe.remote())[0]
+        self._capacity = _get(actor.describe.remote())[0]
 
     @classmethod
     def from_spaces(
@@ -82,43 +89,41 @@ class RemoteReplayBuffer:
 
     @capacity.setter
     def capacity(self, value: int) -> None:
-        self._len = ray.get(self.actor.set_capacity.remote(value))
+        self._len = _get(self.actor.set_capacity.remote(value))
         self._capacity = value
 
     @property
     def nbytes(self) -> int:
-        return ray.get(self.actor.describe.remote())[1]
+        return _get(self.actor.describe.remote())[1]
 
     def add_unroll(self, unroll: Mapping[str, np.ndarray], streams: np.ndarray) -> int:
-        added, self._len = ray.get(self.actor.add_unroll.remote(unroll, streams))
+        added, self._len = _get(self.actor.add_unroll.remote(unroll, streams))
         return added
 
     def sample(
         self, batch_size: int, n_step: int | None = None, *, intermediate: bool = False
     ) -> dict[str, np.ndarray]:
-        return ray.get(
-            self.actor.call.remote("sample", batch_size, n_step, intermediate=intermediate)
-        )
+        return _get(self.actor.call.remote("sample", batch_size, n_step, intermediate=intermediate))
 
     def oldest(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return ray.get(self.actor.call.remote("oldest", k))
+        return _get(self.actor.call.remote("oldest", k))
 
     def state_dict(self, contents: bool = True) -> dict[str, Any]:
-        return ray.get(self.actor.call.remote("state_dict", contents))
+        return _get(self.actor.call.remote("state_dict", contents))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._len = ray.get(self.actor.load_state_dict.remote(state))
+        self._len = _get(self.actor.load_state_dict.remote(state))
         self._capacity = int(state["capacity"])
 
     def save_contents(self, target: str) -> dict[str, Any]:
         """The actor writes its contents itself (into `target` if its node sees it)."""
-        return ray.get(self.actor.call.remote("save_contents", target))
+        return _get(self.actor.call.remote("save_contents", target))
 
     def read_outbox(self, offset: int, size: int) -> bytes:
-        return ray.get(self.actor.call.remote("read_outbox", offset, size))
+        return _get(self.actor.call.remote("read_outbox", offset, size))
 
     def load_contents(self, path: str, nbytes: int, fetch: Pull | None = None) -> None:
-        self._len = ray.get(self.actor.load_contents.remote(path, nbytes, fetch))
+        self._len = _get(self.actor.load_contents.remote(path, nbytes, fetch))
 
     def close(self) -> None:
         # Remove contents left to pull (a checkpoint's pull that never finished), unless

@@ -116,7 +116,7 @@ def wait_until_started(
             "/ cpus_per_env_runner / num_gpus_per_learner, or add nodes"
         )
     for actor_index, ref in enumerate(refs):  # a constructor's error (an env that cannot be made)
-        call(ref, role if len(refs) == 1 else f"{role} {actor_index}")
+        call(ref, f"the {role}" if len(refs) == 1 else f"{role} {actor_index}")
 
 
 def _cpus_and_gpus(resources: dict[str, float]) -> dict[str, float]:

@@ -33,7 +33,7 @@ from rlfabric.architectures.runner_pool import (
     runner_cpus,
     wait_until_started,
 )
-from rlfabric.errors import RLFabricError
+from rlfabric.errors import ActorError, RLFabricError
 from rlfabric.runtime.autotune import DynamicAdjuster
 from rlfabric.runtime.faults import call
 from rlfabric.runtime.replay import ReplayBuffer
@@ -164,9 +164,16 @@ class LearnerAndRunners(Architecture):
 
     def step(self) -> dict[str, float]:
         time.sleep(self.spec.run.report_interval_s)
-        self.runners.check()
-        self._check_learners()
-        metrics = self._with_runners(self._ask(self.learner.metrics.remote()))
+        try:
+            self._check_learners()
+            self.runners.check()
+            metrics = self._with_runners(self._ask(self.learner.metrics.remote()))
+        except ActorError as err:
+            if not err.died and self._worker_exits:
+                # A peer's death reaches learner 0 first as a failed all-reduce: name the
+                # death, which a restart mends, if Ray reports it within seconds.
+                self._check_learners(wait_s=5.0)
+            raise
         for line in self._ask(self.learner.take_warnings.remote()):
             log.warning("the learner: %s", line)
         if self.adjuster is not None:
@@ -189,11 +196,14 @@ class LearnerAndRunners(Architecture):
         """The learner's answer, within run.actor_timeout_s; its failure named."""
         return call(ref, "the learner", self.spec.run.actor_timeout_s)
 
-    def _check_learners(self) -> None:
-        """End the run naming a data-parallel learner that died: learner 0 would
-        otherwise wait for it in the all-reduce, holding the update lock."""
+    def _check_learners(self, wait_s: float = 0.0) -> None:
+        """Raise naming a data-parallel learner that died (within `wait_s`): learner 0
+        would otherwise wait for it in the all-reduce, holding the update lock."""
+        if not self._worker_exits:
+            return
+        done, _ = ray.wait(self._worker_exits, num_returns=1, timeout=wait_s)
         for index, ref in enumerate(self._worker_exits, start=1):
-            if ray.wait([ref], timeout=0)[0]:
+            if ref in done:
                 call(ref, f"data-parallel learner {index}")  # raises: it died
 
     def get_state(self) -> dict[str, Any]:

@@ -5,8 +5,11 @@
 `fit()` checks the spec against the env before anything starts, creates the
 run's logdir (spec.yaml, metrics.jsonl, tensorboard/, curve.png,
 checkpoints/), starts Ray if the architecture needs it, and runs report
-intervals until a stop condition holds. On the way out, also on Ctrl-C or an
-error, it writes a final checkpoint and stops every process it started.
+intervals until a stop condition holds. When the learner's process dies (or a
+data-parallel learner's, or the replay actor's), it stops what is left and
+starts the topology again from the run's newest checkpoint, up to
+`run.max_learner_restarts` times. On the way out, also on Ctrl-C or an error,
+it writes a final checkpoint and stops every process it started.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import ray
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures import ARCHITECTURES, Architecture
 from rlfabric.envs import EnvInfo, describe_env
-from rlfabric.errors import CheckpointError, SpecError
+from rlfabric.errors import ActorError, CheckpointError, SpecError
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import (
     list_checkpoints,
@@ -231,16 +234,29 @@ class Platform:
         )
         if state is not None:  # a resumed run keeps the first hit it made for this target
             progress.target.restore(state.get("target_hit"))
+            progress.learner_restarts = state.get("learner_restarts", 0)
+            progress.frames_lost = state.get("frames_lost", 0)
         arch_cls = ARCHITECTURES[spec.arch.name]
         started_ray = False
         arch: Architecture | None = None
         try:
             started_ray = init_ray(spec.resources) if arch_cls.uses_ray else False
-            arch = arch_cls(spec, self.env_info, stop)
-            arch.start(state)
-            progress.started = True
-            progress.clock = _Clock(state)  # from the first step, not from Ray's start
-            self._train(arch, reporter, stop, logdir, progress)
+            while True:
+                arch = arch_cls(spec, self.env_info, stop)
+                try:
+                    arch.start(state)
+                    progress.started = True
+                    # from the first step, not from Ray's start; wall time goes on after a restart
+                    progress.clock = _Clock(state, progress.wall_time_s)
+                    self._train(arch, reporter, stop, logdir, progress)
+                    break
+                except ActorError as err:
+                    if not err.died:
+                        raise
+                    progress.started = False  # nothing to checkpoint: the newest one stays
+                    arch.stop()
+                    arch = None
+                    state = self._restart_point(err, logdir, reporter, progress)
         except KeyboardInterrupt:
             progress.reason = "interrupted (Ctrl-C or SIGTERM)"
             log.info("run %s", progress.reason)  # run.log only: the terminal has its line
@@ -312,6 +328,41 @@ class Platform:
                 progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
                 last_ckpt = now
 
+    def _restart_point(
+        self, death: ActorError, logdir: Path, reporter: Reporter, progress: _Progress
+    ) -> dict[str, Any] | None:
+        """The state to start again from after `death` (None: the run's start), or
+        `death` raised, extended by why there is no restart."""
+        limit = self.spec.run.max_learner_restarts
+        folder = logdir / "checkpoints"
+        path, state = newest_checkpoint(folder) if list_checkpoints(folder) else (None, None)
+        start = state["counters"]["env_frames"] if state else 0
+        reached = progress.metrics.get("env_frames", 0)
+        where = path.name if path else "the run's start (no checkpoint yet)"
+        if progress.restarted_from == (path,) and reached <= start:
+            why = f"it died again from {where} without progress, so a restart will not help"
+        elif progress.learner_restarts >= limit:
+            why = f"restarts used: {progress.learner_restarts} (run.max_learner_restarts={limit})"
+        else:
+            why = ""
+        if why:
+            raise ActorError(
+                f"{death}; {why}", death.actor, death.remote_traceback, died=True
+            ) from None
+        lost = max(0, int(reached - start))
+        progress.learner_restarts += 1
+        progress.frames_lost += lost
+        progress.restarted_from = (path,)
+        progress.wall_time_s = progress.clock.wall_time_s()
+        progress.metrics["env_frames"] = start  # where the run stands now
+        line = (
+            f"{death}; restart {progress.learner_restarts} of {limit} from {where} at "
+            f"{start:,} env frames, {lost:,} frames lost"
+        )
+        reporter.message(f"restarted:  {line}")
+        log.warning("%s", line)
+        return state
+
     def _prepare_logdir(self) -> tuple[dict[str, Any] | None, Path, Path | None]:
         """The state to start from (None: a new run), the run folder, the checkpoint."""
         spec = self.spec
@@ -376,6 +427,8 @@ class Platform:
             progress.record(reporter, metrics)
             state["wall_time_s"] = metrics["wall_time_s"]
             state["target_hit"] = progress.target.saved()
+            state["learner_restarts"] = progress.learner_restarts
+            state["frames_lost"] = progress.frames_lost
             return save_checkpoint(
                 folder,
                 state,
@@ -389,11 +442,18 @@ class Platform:
 class _Clock:
     """Wall time (continued on resume) and the per-second rates between records."""
 
-    def __init__(self, state: dict[str, Any] | None) -> None:
+    def __init__(self, state: dict[str, Any] | None, wall_time_s: float | None = None) -> None:
+        """Count from `state`'s frames; the wall time from `wall_time_s` if given (a
+        restart within the run: the time since the checkpoint was spent), else the
+        checkpoint's."""
         counters = state["counters"] if state else {"env_frames": 0, "learner_samples": 0}
-        self.previous_wall = state.get("wall_time_s", 0.0) if state else 0.0
+        saved_wall = state.get("wall_time_s", 0.0) if state else 0.0
+        self.previous_wall = saved_wall if wall_time_s is None else wall_time_s
         self.frames, self.samples = counters["env_frames"], counters["learner_samples"]
         self.start = self.last = time.perf_counter()
+
+    def wall_time_s(self) -> float:
+        return self.previous_wall + time.perf_counter() - self.start
 
     def stamp(self, metrics: dict[str, float], now: float, *, rates: bool) -> None:
         """Add wall_time_s, and with `rates` the frames and samples per second since the
@@ -421,8 +481,14 @@ class _Progress:
     reason: str = ""  # set by a stop condition, an error or an interruption
     checkpoint: Path | None = None
     target: TargetHit = field(default_factory=lambda: TargetHit(None))
+    learner_restarts: int = 0  # learner deaths mended from a checkpoint, over the run
+    frames_lost: int = 0  # env frames reported since those checkpoints, lost with them
+    restarted_from: tuple[Path | None] | None = None  # this driver's last restart point
+    wall_time_s: float | None = None  # at the last restart, for the next clock
 
     def record(self, reporter: Reporter, metrics: dict[str, float]) -> None:
+        metrics["learner_restarts"] = self.learner_restarts
+        metrics["frames_lost"] = self.frames_lost
         reporter.log(metrics)
         # An interval without an update has no loss: keep the latest value of every key.
         self.metrics.update(metrics)

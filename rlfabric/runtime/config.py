@@ -171,6 +171,13 @@ class RunConfig(_Section):
         description="an env runner that has completed no env step for this long (a wedged "
         "env) is replaced, counted as a crash",
     )
+    max_learner_restarts: int = Field(
+        3,
+        ge=0,
+        description="times a run whose learner process died (a data-parallel learner's or "
+        "the replay actor's too) starts its topology again from its newest checkpoint; a "
+        "death from the same checkpoint without progress ends it. 0: a death ends the run",
+    )
     max_nonfinite_updates: int = Field(
         10,
         ge=1,

@@ -26,6 +26,7 @@ import torch
 
 from rlfabric.envs import EnvInfo
 from rlfabric.runtime.distributed import GradientAllReduce, join_group, shard_batch
+from rlfabric.runtime.faults import call
 from rlfabric.runtime.learner import make_algorithm
 
 if TYPE_CHECKING:
@@ -105,4 +106,9 @@ class LearnerGroup:
         return shard 0 and a wait for them."""
         shards = shard_batch(batch, len(self.workers) + 1)
         refs = [w.update.remote(s, progress) for w, s in zip(self.workers, shards[1:])]
-        return shards[0], lambda: ray.get(refs, timeout=self.timeout_s)
+        return shards[0], lambda: self._wait(refs)
+
+    def _wait(self, refs: list[ray.ObjectRef]) -> None:
+        """The workers' updates; a dead worker named (the driver restarts the group)."""
+        for rank, ref in enumerate(refs, start=1):
+            call(ref, f"data-parallel learner {rank}", self.timeout_s)

@@ -35,9 +35,15 @@ def name_actor_error(err: BaseException, actor: str) -> ActorError:
             return cause
         if isinstance(cause, RLFabricError):
             return ActorError(str(cause), actor, str(err), user_error=True)
+        if isinstance(cause, RayActorError) and not cause.actor_init_failed:
+            # An actor it called died (its own ray.get, unnamed): still a death.
+            message = f"{actor} lost an actor it called, which died: {death_cause(str(cause))}"
+            return ActorError(message, actor, str(err), died=True)
         return ActorError(f"{actor} raised {exception_line(cause)}", actor, str(err))
     if isinstance(err, RayActorError):
-        return ActorError(f"{actor} died: {_last_line(str(err))}", actor, str(err))
+        if err.actor_init_failed:  # its constructor raised: an error, not a death
+            return ActorError(f"{actor} died: {_last_line(str(err))}", actor, str(err))
+        return ActorError(f"{actor} died: {death_cause(str(err))}", actor, str(err), died=True)
     if isinstance(err, ActorError):
         return err
     return ActorError(f"{actor}: {exception_line(err)}", actor)
@@ -57,6 +63,24 @@ def _last_line(text: str) -> str:
         return "no reason given"
     first = re.split(r",? ray::", lines[0])[0].rstrip(" ,")  # then the process title
     return first if len(lines) == 1 or first == lines[-1] else f"{first} ({lines[-1]})"
+
+
+def death_cause(text: str) -> str:
+    """How a dead actor's process ended, as Ray reports it, and where: "SYSTEM_ERROR:
+    Worker unexpectedly exits ... (pid 18544, node 127.0.0.1)". Ray's message lists
+    the actor's fields one per line, then a paragraph whose advice is left out."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    fields = dict(re.findall(r"^\s*(pid|ip): (\S+)$", text, flags=re.MULTILINE))
+    exit_type = re.search(r"Worker exit type: (\S+)", text)
+    detail = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", text, re.DOTALL)
+    if exit_type:
+        cause = exit_type.group(1) + (f": {detail.group(1).strip()}" if detail else "")
+    else:
+        cause = _last_line(text)
+    where = [
+        f"{name} {fields[key]}" for key, name in (("pid", "pid"), ("ip", "node")) if key in fields
+    ]
+    return f"{cause} ({', '.join(where)})" if where else cause
 
 
 def call(ref: ray.ObjectRef, actor: str, timeout_s: float | None = None) -> Any:
