@@ -16,6 +16,7 @@ at once, each in its own process.
     python benchmarks/reproduce.py pong_seed_vtrace              # 20M frames, +18 target
     python benchmarks/reproduce.py pong_seed_vtrace_preset       # the same, names only
     python benchmarks/reproduce.py pong_impala_vtrace pong_ga3c_a3c
+    python benchmarks/reproduce.py pong_impala_vtrace_preset     # 10M frames, names only
     python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1 --jobs 2  # 300k steps, eval >= 5000
     python benchmarks/reproduce.py hopper_td3 --seeds 0 1
     python benchmarks/reproduce.py --list
@@ -76,6 +77,20 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         "atari",
         18.0,
         "target: +18 within 20M frames (names only: the vtrace/atari preset)",
+    ),
+    "pong_impala_vtrace_preset": Reproduction(
+        {"arch": "impala", "algo": "vtrace", "env": "ALE/Pong-v5"},
+        10_000_000,
+        "atari",
+        18.0,
+        "target: +18 within 10M frames (names only: the vtrace/atari preset)",
+    ),
+    "pong_ga3c_a3c_preset": Reproduction(
+        {"arch": "ga3c", "algo": "a3c", "env": "ALE/Pong-v5"},
+        10_000_000,
+        "atari",
+        18.0,
+        "target: +18 within 10M frames (names only: the a3c/atari preset)",
     ),
     "pong_impala_vtrace": Reproduction(
         "pong_impala_vtrace.yaml", 10_000_000, "atari", None, "RLlib IMPALA: 18 at 14M frames"
