@@ -150,3 +150,33 @@ def test_local_trains_on_the_gpu_the_spec_asks_for(monkeypatch, tmp_path):
         arch.start()
         arch.stop()
         assert asked == expected
+
+
+@pytest.mark.parametrize(
+    ("per_learner", "learners", "cluster", "placed"),
+    [(1.0, 2, 2.0, 1.0), (1.0, 2, 1.0, 0.0), (0.5, 1, 1.0, 0.5), (1.0, 1, 0.0, 0.0)],
+)
+def test_learner_gpus_compare_the_cluster_with_every_learners_share(
+    caplog, per_learner, learners, cluster, placed
+):
+    """Two learners of one GPU each on a one-GPU cluster could never be placed: the
+    check counts all of them, not one learner's share."""
+    from rlfabric.architectures.topology import learner_gpus
+    from rlfabric.runtime.config import ResourcesConfig
+
+    res = ResourcesConfig(num_learners=learners, num_gpus_per_learner=per_learner)
+    assert learner_gpus(res, cluster) == placed
+    if not placed:
+        total = f" x num_learners={learners} = {per_learner * learners:g}" if learners > 1 else ""
+        assert f"num_gpus_per_learner={per_learner}{total} but the cluster has" in caplog.text
+
+
+def test_rng_state_restores_without_cuda_generators_here():
+    """A CUDA run's checkpoint holds the CUDA generators; on a CPU they are skipped."""
+    from rlfabric.runtime.learner import rng_state, set_rng_state
+
+    state = rng_state()
+    assert "cuda" not in state or torch.cuda.is_initialized()
+    draws = torch.rand(3)
+    set_rng_state({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 99})
+    assert torch.equal(torch.rand(3), draws)

@@ -90,6 +90,11 @@ def test_default_stop_uses_reward_threshold_and_frame_budget():
         ({}, ["run.display=tv"], ["run.display", "'rich'", "'tv'"]),
         ({}, ["sparse.actor=1.0"], ["sparse.actor", "less than 1", "1.0"]),
         ({}, ["algo"], ["not of the form"]),
+        (
+            {"resources": {"num_learners": 2, "num_gpus_per_learner": 0.5}},
+            [],
+            ["num_gpus_per_learner=0.5 with num_learners=2", "own GPU", "whole number"],
+        ),
     ],
 )
 def test_bad_specs_name_field_value_and_allowed(data, overrides, expected):

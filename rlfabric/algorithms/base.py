@@ -446,5 +446,10 @@ class Algorithm(ABC):
 
 
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Numpy batch to torch without copying on the CPU."""
-    return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    """Numpy batch to torch: without copying on the CPU; to a GPU through pinned memory,
+    each copy queued on the stream without waiting (a pageable copy blocks the host)."""
+    if device.type != "cuda":
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    return {
+        k: torch.as_tensor(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()
+    }

@@ -35,6 +35,7 @@ from rlfabric.architectures.runner_pool import (
 )
 from rlfabric.errors import ActorError, RLFabricError
 from rlfabric.runtime.autotune import DynamicAdjuster
+from rlfabric.runtime.config import ResourcesConfig
 from rlfabric.runtime.faults import call
 from rlfabric.runtime.replay import ReplayBuffer
 
@@ -103,15 +104,7 @@ class LearnerAndRunners(Architecture):
     def start(self, state: dict[str, Any] | None = None) -> None:
         spec = self.spec
         res = spec.resources
-        gpus = res.num_gpus_per_learner
-        if gpus and ray.cluster_resources().get("GPU", 0.0) < gpus:
-            log.warning(
-                "resources.num_gpus_per_learner=%s but the cluster has %s GPUs: the learner "
-                "trains (and serves inference) on CPU",
-                gpus,
-                ray.cluster_resources().get("GPU", 0.0),
-            )
-            gpus = 0.0
+        gpus = learner_gpus(res, ray.cluster_resources().get("GPU", 0.0))
         self.workers: list[Any] = []
         self._worker_exits: list[ray.ObjectRef] = []  # calls that fail when a worker dies
         self.learner_group = learner_bundles(spec, gpus) if res.num_learners > 1 else None
@@ -230,3 +223,22 @@ class LearnerAndRunners(Architecture):
         if hasattr(self, "learner_group"):  # also when the learners were never placed
             stop_workers(self.workers, self.learner_group)
             del self.learner_group
+
+
+def learner_gpus(res: ResourcesConfig, cluster_gpus: float) -> float:
+    """The GPUs each learner asks Ray for: `num_gpus_per_learner`, or 0 (the learners
+    train on CPU, with a warning) where the cluster has fewer GPUs than all the
+    learners together ask for; data-parallel learners never share one."""
+    gpus = res.num_gpus_per_learner
+    total = gpus * res.num_learners
+    if gpus and cluster_gpus < total:
+        asked = f" x num_learners={res.num_learners} = {total:g}" if res.num_learners > 1 else ""
+        log.warning(
+            "resources.num_gpus_per_learner=%s%s but the cluster has %s GPUs: the learner "
+            "trains (and serves inference) on CPU",
+            gpus,
+            asked,
+            cluster_gpus,
+        )
+        return 0.0
+    return gpus

@@ -78,6 +78,20 @@ class ResourcesConfig(_Section):
         "learner's process (one remote call per stored unroll and per sampled batch)",
     )
 
+    @model_validator(mode="after")
+    def _whole_gpus_for_several_learners(self) -> ResourcesConfig:
+        """NCCL refuses two ranks on one GPU, and Ray packs fractional GPU shares onto
+        one device: with several learners each must own whole GPUs."""
+        gpus = self.num_gpus_per_learner
+        if self.num_learners > 1 and gpus != int(gpus):
+            raise ValueError(
+                f"resources.num_gpus_per_learner={gpus:g} with num_learners="
+                f"{self.num_learners}: data-parallel learners all-reduce with NCCL, which "
+                "needs each learner on its own GPU; use a whole number (1, 2, ...) or "
+                "num_learners: 1"
+            )
+        return self
+
     @property
     def learner_threads(self) -> int:
         """torch threads of a learner process: `torch_threads`, else its CPU share.

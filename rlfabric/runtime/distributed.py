@@ -20,6 +20,7 @@ learner grows the same connections, as RigL's and RLx2's distributed code.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Literal
 
@@ -117,6 +118,13 @@ def join_group(
     group's own handshake takes milliseconds within `timeout_s`.
     """
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        # gloo raises in the caller when a peer is gone past `timeout`; NCCL's collectives
+        # run on a stream and would wait forever. Blocking wait makes NCCL raise in the
+        # caller too, and async error handling aborts the communicator (a user's own
+        # setting of either wins). Only a GPU run shows it: `tests/test_gpu.py`.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     timeout = timedelta(seconds=timeout_s)
     rendezvous = timedelta(seconds=timeout_s if rendezvous_s is None else rendezvous_s)
     if store is None:
