@@ -6,6 +6,11 @@ and learning (a bounded batch queue on-policy, a replay buffer off-policy:
 with what their paper's learner adds (SEED's inference server, IMPALA's
 weight publication, GA3C's predictors) and place it in a Ray actor; it does
 not know the wiring.
+
+On a GPU, costs left as they are until a GPU run measures them: each update
+reads its metrics with `.item()` and its gradient norm's finiteness on the host
+(a few syncs per update), and inference and training share the default CUDA
+stream, so an inference batch waits for an update's kernels queued before it.
 """
 
 from __future__ import annotations
