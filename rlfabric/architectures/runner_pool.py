@@ -149,9 +149,12 @@ class RunnerPool:
         self._same = 0
         # Two threads: `run` loops in one, the driver's `usage` calls use the other. SPREAD
         # puts runners on as many nodes of a cluster as have room: env stepping scales out.
+        # Inside a placement group (a Tune trial's) no strategy: the runners then take the
+        # group's bundles, where SPREAD would ask the cluster for CPUs the group holds.
         cpus = runner_cpus(spec)
+        inside_group = ray.util.get_current_placement_group() is not None
         self._cls = ray.remote(runner_cls).options(
-            num_cpus=cpus, max_concurrency=2, scheduling_strategy="SPREAD"
+            num_cpus=cpus, max_concurrency=2, scheduling_strategy=None if inside_group else "SPREAD"
         )
         self.runners: dict[int, Any] = {}
         self.loops: dict[int, ray.ObjectRef] = {}

@@ -3,6 +3,7 @@
     rlfabric train SPEC.yaml [section.field=value ...]
     rlfabric train --resume runs/<name> [section.field=value ...]
     rlfabric train --resume auto SPEC.yaml run.name=NAME [section.field=value ...]
+    rlfabric tune SPEC.yaml [section.field=value ...]
     rlfabric spec show SPEC.yaml [section.field=value ...]
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
@@ -54,7 +55,7 @@ def spec_reference() -> str:
     """Every field of every section, with registered algorithms and architectures."""
     from rlfabric.algorithms import ALGORITHMS
     from rlfabric.architectures import ARCHITECTURES
-    from rlfabric.platform.spec import ExperimentSpec
+    from rlfabric.platform.spec import ExperimentSpec, TuneConfig
 
     lines = ["spec fields (override any with section.field=value):"]
     for section, info in ExperimentSpec.model_fields.items():
@@ -66,6 +67,9 @@ def spec_reference() -> str:
             for name, cls in ARCHITECTURES.items():
                 lines.append(f" arch: {name}")
                 lines += describe_fields(cls.config_cls, "arch")
+        elif section == "tune":  # optional: only a search has one
+            lines.append(f" tune: {info.description}")
+            lines += describe_fields(TuneConfig, "tune")
         elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             lines.append(f" {section}: {info.description}")
             lines += describe_fields(info.annotation, section)
@@ -108,6 +112,14 @@ def _parser() -> argparse.ArgumentParser:
         help="import MODULE first (repeatable): it registers your own env ids with "
         "gymnasium.register; env runners import it too, to make the envs",
     )
+    search = commands.add_parser(
+        "tune",
+        help="search the spec's `tune` section on Ray Tune; each trial is one run",
+        spec_help=True,
+    )
+    search.add_argument("spec", help="YAML experiment spec with a tune section")
+    search.add_argument("overrides", nargs="*", help="dotted overrides, e.g. tune.num_samples=8")
+    search.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
     )
@@ -189,6 +201,21 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: final checkpoint written, every actor stopped", file=sys.stderr)
         return 130
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from rlfabric.platform.facade import Platform
+
+    overrides = list(args.overrides)
+    if args.address:
+        overrides.append(f"resources.address={args.address}")
+    result = Platform.from_yaml(args.spec, overrides).tune()
+    print(result.table())
+    folder = Path(result.logdir)
+    print(f"trials: {folder / 'trials.csv'}")
+    if result.best_spec is not None:
+        print(f"best:   {result.best_metric:.4g}; `rlfabric train {folder / 'best_spec.yaml'}`")
     return 0
 
 
@@ -283,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers: dict[str, Any] = {
         "train": _train,
+        "tune": _tune,
         "spec": _spec_show,
         "bench": _bench,
         "eval": _eval,

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import ray
@@ -46,9 +46,12 @@ from rlfabric.platform.reporting import Reporter
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
 from rlfabric.runtime.learner import make_algorithm
 
+if TYPE_CHECKING:
+    from rlfabric.platform.tune import TuneResult
+
 log = logging.getLogger(__name__)
 
-SECTIONS = ("env", "arch", "algo", "model", "sparse", "resources", "run")
+SECTIONS = ("env", "arch", "algo", "model", "sparse", "resources", "run", "tune")
 
 
 @dataclass
@@ -194,6 +197,12 @@ class Platform:
         self.env_info = check_spec(self.spec)
         self._resume_from: Path | None = None
 
+    def tune(self) -> TuneResult:
+        """Search the spec's `tune` section on Ray Tune; each trial is one run like `fit()`'s."""
+        from rlfabric.platform.tune import run_search  # Ray Tune loads only for a search
+
+        return run_search(self.spec, self.env_info)
+
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Platform:
         return cls(ExperimentSpec.from_yaml(path, overrides))
@@ -213,7 +222,13 @@ class Platform:
 
     # -- the run --------------------------------------------------------------------
 
-    def fit(self) -> Result:
+    def fit(self, on_record: Callable[[dict[str, float]], str] | None = None) -> Result:
+        """Train until a stop condition holds.
+
+        `on_record`, if given, receives a copy of each report interval's metrics record;
+        a non-empty string it returns stops the run as a stop condition does (final
+        checkpoint, that string as the reason): how a search's scheduler ends a trial.
+        """
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir, resumed = self._prepare_logdir()
@@ -248,7 +263,7 @@ class Platform:
                     progress.started = True
                     # from the first step, not from Ray's start; wall time goes on after a restart
                     progress.clock = _Clock(state, progress.wall_time_s)
-                    self._train(arch, reporter, stop, logdir, progress)
+                    self._train(arch, reporter, stop, logdir, progress, on_record)
                     break
                 except ActorError as err:
                     if not err.died:
@@ -307,6 +322,7 @@ class Platform:
         stop: StopConfig,
         logdir: Path,
         progress: _Progress,
+        on_record: Callable[[dict[str, float]], str] | None,
     ) -> None:
         """Report intervals until a stop condition holds; checkpoint on the way."""
         last_ckpt = last_eval = time.perf_counter()
@@ -321,6 +337,8 @@ class Platform:
             progress.record(reporter, metrics)
             progress.target.observe(metrics, self.spec.run.return_window)
             progress.reason = stop_reason(metrics, stop, self.spec.run.return_window)
+            if on_record is not None:
+                progress.reason = on_record(dict(metrics)) or progress.reason
             if progress.reason:
                 return
             interval = self.spec.run.checkpoint_interval_s

@@ -12,7 +12,7 @@ import copy
 import difflib
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -23,6 +23,7 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -59,6 +60,96 @@ def _registered(value: Any, registry: dict[str, Any], what: str) -> BaseModel:
     return registry[name].config_cls.model_validate(value)
 
 
+class Distribution(_Section):
+    """One searched value: exactly one of its fields, named as Ray Tune names them."""
+
+    uniform: tuple[float, float] | None = Field(None, description="[low, high)")
+    loguniform: tuple[float, float] | None = Field(
+        None, description="[low, high), uniform in log space; low > 0"
+    )
+    randint: tuple[int, int] | None = Field(None, description="integers in [low, high)")
+    choice: list[Any] | None = Field(None, min_length=1, description="one of these, at random")
+    grid: list[Any] | None = Field(
+        None, min_length=1, description="every one of these (each with num_samples trials)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, value: Any) -> Any:
+        kinds = ", ".join(cls.model_fields)
+        if not isinstance(value, dict) or len(value) != 1:
+            raise ValueError(f"must be a mapping with one key, one of {kinds} (given: {value!r})")
+        (kind,) = value
+        if kind not in cls.model_fields:
+            raise ValueError(f"unknown distribution {kind!r}; allowed: {kinds}")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Distribution:
+        kind, value = self.kind, self.value
+        if kind in ("uniform", "loguniform", "randint") and not value[0] < value[1]:
+            raise ValueError(f"{kind} needs low < high (given: {list(value)})")
+        if kind == "loguniform" and value[0] <= 0:
+            raise ValueError(f"loguniform needs low > 0 (given: {list(value)})")
+        return self
+
+    @model_serializer
+    def _as_written(self) -> dict[str, Any]:
+        return {self.kind: list(self.value)}
+
+    @property
+    def kind(self) -> str:
+        return next(iter(self.model_fields_set))
+
+    @property
+    def value(self) -> Any:
+        return getattr(self, self.kind)
+
+    def examples(self) -> list[Any]:
+        """Values a trial may get, to check against the field before any trial starts:
+        every choice, or both ends of a range."""
+        if self.kind in ("choice", "grid"):
+            return list(self.value)
+        low, high = self.value
+        return [low, high - 1] if self.kind == "randint" else [low, high]
+
+
+class SchedulerConfig(_Section):
+    """Which trials go on: ASHA stops the worse ones at rungs; FIFO runs every trial out."""
+
+    name: Literal["asha", "fifo"] = Field("asha", description="trial scheduler")
+    grace_frames: int = Field(
+        50_000, ge=1, description="asha: env frames every trial runs before it can be stopped"
+    )
+    reduction_factor: float = Field(
+        4.0, gt=1, description="asha: 1/reduction_factor of the trials go on at each rung"
+    )
+
+
+class TuneConfig(_Section):
+    """A search over spec fields on Ray Tune; each trial is one ordinary run."""
+
+    num_samples: int = Field(
+        1, ge=1, description="trials drawn from `search` (a grid: trials per grid point)"
+    )
+    metric: str = Field("episode_return_mean", description="reported metric that ranks trials")
+    mode: Literal["max", "min"] = Field("max", description="whether higher metric is better")
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig, description="trial scheduler; time is env frames"
+    )
+    search: dict[str, Distribution] = Field(
+        default_factory=dict,
+        description="dotted spec field (algo.lr) -> distribution {uniform|loguniform|randint|"
+        "choice|grid: ...}",
+    )
+    max_concurrent_trials: int | None = Field(
+        None,
+        ge=1,
+        description="trials running at once; null: all of them, each with an equal share of "
+        "the CPUs where resources.learner_cpus / cpus_per_env_runner are null",
+    )
+
+
 class ExperimentSpec(_Section):
     """Everything a run needs. Strings for env/arch/algo are shorthand for their name.
 
@@ -84,6 +175,10 @@ class ExperimentSpec(_Section):
     sparse: SparseConfig = Field(default_factory=SparseConfig, description="sparse training")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="resources")
     run: RunConfig = Field(default_factory=RunConfig, description="run bookkeeping")
+    tune: TuneConfig | None = Field(
+        None,
+        description="hyperparameter search (`rlfabric tune`); `rlfabric train` ignores it",
+    )
     _provenance: Provenance | None = PrivateAttr(None)
 
     @field_validator("env", mode="before")
@@ -130,6 +225,8 @@ class ExperimentSpec(_Section):
         except ValidationError as err:
             raise SpecError(format_validation_error(err, merged)) from None
         spec._provenance = Provenance(data, preset)
+        if spec.tune is not None:
+            _check_search(spec.tune, data)
         return spec
 
     @classmethod
@@ -147,6 +244,14 @@ class ExperimentSpec(_Section):
             )
         return cls.build(data, overrides)
 
+    def user_values(self) -> dict[str, Any]:
+        """What the user wrote (overrides applied, shorthands expanded), before presets:
+        the base a search varies, so that a searched `arch.name` or `algo.name` gets its
+        own preset and fields rather than the first choice's."""
+        if self._provenance is None:
+            return self.to_dict()
+        return copy.deepcopy(self._provenance.user)
+
     def __eq__(self, other: object) -> bool:
         """Equal values are equal specs, whatever their provenance."""
         if not isinstance(other, ExperimentSpec):
@@ -160,7 +265,9 @@ class ExperimentSpec(_Section):
         return self._provenance.origin(path) if self._provenance else "user"
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        # No `tune: null` in every run's spec.yaml: the section is for searches only.
+        exclude = {"tune"} if self.tune is None else None
+        return self.model_dump(mode="json", by_alias=True, exclude=exclude)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -192,6 +299,28 @@ class ExperimentSpec(_Section):
         if any(v is not None for v in stop.model_dump().values()):
             return stop
         return StopConfig(env_frames=DEFAULT_ENV_FRAMES, episode_return_mean=reward_threshold)
+
+
+def _check_search(tune: TuneConfig, data: dict[str, Any]) -> None:
+    """Build the spec with each searched field at the values a trial may get, so that a
+    key naming no field or a value the field refuses fails now, naming the key."""
+    base = {k: v for k, v in data.items() if k != "tune"}
+    for key, distribution in tune.search.items():
+        path = key.split(".")
+        if path[0] == "tune" or not all(path):
+            raise SpecError(
+                f"invalid spec: tune.search.{key}: must name a field outside the tune section"
+            )
+        for value in distribution.examples():
+            trial = copy.deepcopy(base)
+            try:
+                set_dotted(trial, path, value)
+                ExperimentSpec.build(trial)
+            except SpecError as err:
+                detail = str(err).removeprefix("invalid spec: ")
+                raise SpecError(
+                    f"invalid spec: tune.search.{key}: value {value!r}: {detail}"
+                ) from None
 
 
 def _annotate(node: dict[str, Any], path: tuple[str, ...], origin: Any) -> list[str]:
@@ -262,21 +391,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     data = copy.deepcopy(data)
     for text in overrides:
         path, value = parse_override(text)
-        node = data
-        for depth, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if isinstance(child, str):  # shorthand `algo: vtrace` -> {name: vtrace}
-                child = {"id" if path[: depth + 1] == ["env"] else "name": child}
-            elif child is None:
-                child = {}
-            elif not isinstance(child, dict):
-                raise SpecError(
-                    f"override {text!r}: {'.'.join(path[: depth + 1])} is not a section"
-                )
-            node[part] = child
-            node = child
-        node[path[-1]] = value
+        if path[:2] == ["tune", "search"] and len(path) > 3:
+            # A searched field is one key with dots: `tune.search.algo.lr={choice: [..]}`
+            path = [*path[:2], ".".join(path[2:])]
+        try:
+            set_dotted(data, path, value)
+        except SpecError as err:
+            raise SpecError(f"override {text!r}: {err}") from None
     return data
+
+
+def set_dotted(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set `data[path[0]][path[1]]... = value` in place, creating sections on the way."""
+    node = data
+    for depth, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if isinstance(child, str):  # shorthand `algo: vtrace` -> {name: vtrace}
+            child = {"id" if path[: depth + 1] == ["env"] else "name": child}
+        elif child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            raise SpecError(f"{'.'.join(path[: depth + 1])} is not a section")
+        node[part] = child
+        node = child
+    node[path[-1]] = value
 
 
 def format_validation_error(err: ValidationError, data: dict[str, Any]) -> str:

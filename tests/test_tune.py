@@ -1,0 +1,106 @@
+"""Search on Ray Tune: the spec's tune section, and a small ASHA search end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from rlfabric import Platform
+from rlfabric.errors import SpecError
+from rlfabric.platform.spec import ExperimentSpec
+
+#: CartPole settings that learn within a small budget (as tests/test_training.py's).
+FAST_VTRACE = {
+    "name": "vtrace",
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "eps": 1e-5,
+    "loss_reduction": "mean",
+    "lr_schedule": "constant",
+    "batch_size": 8,
+    "unroll_length": 10,
+}
+
+
+def _spec(tune: dict) -> ExperimentSpec:
+    return ExperimentSpec.build({"env": "CartPole-v1", "tune": tune})
+
+
+@pytest.mark.parametrize(
+    ("tune", "named"),
+    [
+        ({"search": {"algo.lrr": {"choice": [1e-3]}}}, "tune.search.algo.lrr"),
+        ({"search": {"algo.lr": {"normal": [0.0, 1.0]}}}, "tune.search.algo.lr"),
+        ({"search": {"algo.lr": {"loguniform": [0.0, 1e-2]}}}, "tune.search.algo.lr"),
+        ({"search": {"algo.lr": {"uniform": [1e-2, 1e-3]}}}, "tune.search.algo.lr"),
+        ({"search": {"algo.lr": {"choice": ["fast"]}}}, "tune.search.algo.lr"),
+        ({"search": {"arch.name": {"grid": ["seed", "gorila"]}}}, "tune.search.arch.name"),
+        ({"scheduler": {"name": "pbt"}}, "tune.scheduler.name"),
+        ({"mode": "best"}, "tune.mode"),
+    ],
+)
+def test_bad_tune_section_names_the_field(tune, named):
+    with pytest.raises(SpecError, match=named.replace(".", r"\.")) as err:
+        _spec(tune)
+    if tune.get("scheduler"):
+        assert "'asha' or 'fifo'" in str(err.value)
+    if "normal" in str(tune):
+        assert "uniform, loguniform, randint, choice, grid" in str(err.value)
+
+
+def test_tune_section_round_trips_and_stays_out_of_plain_specs(tmp_path):
+    search = {"algo.lr": {"loguniform": [1e-4, 1e-2]}, "algo.entropy_cost": {"grid": [0.0, 0.01]}}
+    spec = _spec({"num_samples": 4, "search": search})
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec.to_yaml())
+    assert ExperimentSpec.from_yaml(path).tune == spec.tune
+    assert yaml.safe_load(path.read_text())["tune"]["search"] == search
+    assert "tune" not in ExperimentSpec.build({"env": "CartPole-v1"}).to_dict()
+
+
+@pytest.mark.parametrize("arch", ["local", "seed"])  # seed: runners in the trial's group
+def test_asha_search_writes_trials_and_a_best_spec_that_trains(ray_session, tmp_path, arch):
+    frames = 6_000
+    platform = Platform(
+        env={"id": "CartPole-v1", "num_envs": 16},
+        arch=arch,
+        algo=FAST_VTRACE,
+        model={"shared_torso": True},
+        run={
+            "stop": {"env_frames": frames},
+            "report_interval_s": 0.2,
+            "return_window": 5,
+            "logdir": str(tmp_path),
+            "name": "search",
+        },
+        tune={
+            "num_samples": 2,
+            "scheduler": {"name": "asha", "grace_frames": 2_000},
+            "search": {"algo.lr": {"loguniform": [1e-3, 1e-2]}},
+        },
+    )
+    result = platform.tune()
+    folder = tmp_path / "search"
+    assert result.logdir == str(folder)
+    rows = list(csv.DictReader((folder / "trials.csv").open()))
+    assert len(rows) == len(result.rows) == 2
+    for row in rows:
+        assert 1e-3 <= float(row["algo.lr"]) <= 1e-2
+        assert not row["status"].startswith("error"), row["status"]
+        records = [
+            json.loads(line)
+            for line in (folder / row["trial"] / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert records and records[-1]["env_frames"] <= frames + 2_000
+        assert (folder / row["trial"] / "spec.yaml").is_file()
+        assert list((folder / row["trial"] / "checkpoints").glob("*"))  # final checkpoint
+    best = ExperimentSpec.from_yaml(folder / "best_spec.yaml")
+    assert best.tune is None
+    assert best == result.best_spec
+    assert best.run.name is None and best.run.logdir == str(tmp_path)
+    assert best.algo.lr in [float(row["algo.lr"]) for row in rows]
+    assert best.resources.learner_cpus is None  # a trial's CPU share is not the user's
+    assert "algo.lr" in result.table()
