@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -104,3 +105,20 @@ def test_asha_search_writes_trials_and_a_best_spec_that_trains(ray_session, tmp_
     assert best.algo.lr in [float(row["algo.lr"]) for row in rows]
     assert best.resources.learner_cpus is None  # a trial's CPU share is not the user's
     assert "algo.lr" in result.table()
+
+
+@pytest.mark.parametrize("arch", ["local", "seed", "impala", "ga3c"])
+@pytest.mark.parametrize("at_once", [1, 2, 4])
+def test_trials_never_ask_for_more_cpus_than_their_share(ray_session, arch, at_once):
+    """Trials that run at once fit the cluster together: each group holds at most its
+    share of the CPUs, and the run's own asks (learner, runners) fit in its group."""
+    from rlfabric.platform.tune import _Plan
+
+    spec = ExperimentSpec.build({"arch": arch, "algo": "vtrace", "env": "CartPole-v1"})
+    share = ray_session.cluster_resources()["CPU"] / at_once
+    plan = _Plan(spec.user_values(), Path("unused"), "episode_return_mean", share, None)
+    group = plan.placement({})
+    assert group.required_resources.get("CPU", 0.0) <= share + 1e-9
+    trial = plan.spec({}, trial_id="t")
+    learner = next(b for b in group.bundles if b)
+    assert trial.resources.learner_cpus <= learner["CPU"]
