@@ -6,6 +6,8 @@ Each test stands for a defect that would end the first GPU run; `pytest -m gpu`
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -178,5 +180,8 @@ def test_rng_state_restores_without_cuda_generators_here():
     state = rng_state()
     assert "cuda" not in state or torch.cuda.is_initialized()
     draws = torch.rand(3)
-    set_rng_state({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 99})
+    saved = io.BytesIO()  # as a checkpoint holds it: torch.save, read with weights_only
+    torch.save({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 99}, saved)
+    saved.seek(0)
+    set_rng_state(torch.load(saved, weights_only=True))
     assert torch.equal(torch.rand(3), draws)

@@ -103,16 +103,15 @@ def test_every_topology_and_algorithm_updates_on_cuda(
     assert losses and np.isfinite(losses).all()
 
 
+def _fast_cartpole(tmp_path: Path, **resources):
+    """SEED with the tests' fast V-trace on CartPole, 40k frames, learner on cuda."""
+    env = {"id": "CartPole-v1", "num_envs": 64}
+    return _cuda_run(tmp_path, "seed", FAST_VTRACE, env, 40_000, resources=resources)
+
+
 @pytest.mark.parametrize("inference_device", ["cuda", "cpu"])
 def test_inference_copy_on_its_own_device(tmp_path, ray_session, inference_device):
-    result = _cuda_run(
-        tmp_path,
-        "seed",
-        FAST_VTRACE,
-        {"id": "CartPole-v1", "num_envs": 64},
-        40_000,
-        resources={"inference_device": inference_device},
-    )
+    result = _fast_cartpole(tmp_path, inference_device=inference_device)
     assert result.metrics["learner_on_gpu"] == 1.0
     assert result.metrics["learner_samples"] > 0
 
@@ -150,14 +149,7 @@ def test_a_cuda_run_resumes_and_is_read_evaluated_and_exported_without_a_gpu(tmp
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_learners_all_reduce_over_nccl(tmp_path, ray_session):
-    result = _cuda_run(
-        tmp_path,
-        "seed",
-        FAST_VTRACE,
-        {"id": "CartPole-v1", "num_envs": 64},
-        40_000,
-        resources={"num_learners": 2},
-    )
+    result = _fast_cartpole(tmp_path, num_learners=2)
     assert result.metrics["learner_on_gpu"] == 1.0
     records = [json.loads(r) for r in (Path(result.logdir) / "metrics.jsonl").open()]
     assert records[-1]["learner_samples"] > 0

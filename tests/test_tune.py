@@ -8,22 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_training import FAST_VTRACE
 
 from rlfabric import Platform
 from rlfabric.errors import SpecError
 from rlfabric.platform.spec import ExperimentSpec
-
-#: CartPole settings that learn within a small budget (as tests/test_training.py's).
-FAST_VTRACE = {
-    "name": "vtrace",
-    "optimizer": "adam",
-    "lr": 3e-3,
-    "eps": 1e-5,
-    "loss_reduction": "mean",
-    "lr_schedule": "constant",
-    "batch_size": 8,
-    "unroll_length": 10,
-}
 
 
 def _spec(tune: dict) -> ExperimentSpec:
