@@ -78,6 +78,11 @@ class A3CConfig(ActorCriticConfig):
     baseline_cost: float = Field(
         1.0, ge=0, description="weight of 1/2 sum (R - V)^2 (GA3C adds it with weight 1)"
     )
+    loss_reduction: Literal["sum", "mean"] = Field(
+        "sum",
+        description="'sum' over the batch as GA3C (its lr 3e-4 assumes it) or 'mean' as "
+        "OpenAI baselines' A2C (lr 7e-4, grad clip 0.5)",
+    )
     log_epsilon: float = Field(
         1e-6,
         gt=0,
@@ -94,7 +99,7 @@ class A3C(ActorCriticAlgorithm):
 
     @property
     def loss_reduction(self) -> Literal["sum", "mean"]:
-        return "sum"  # GA3C sums over the batch
+        return self.cfg.loss_reduction
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         cfg = self.cfg
@@ -118,9 +123,11 @@ class A3C(ActorCriticAlgorithm):
         baseline_loss = 0.5 * ((returns - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
+        n_valid = valid.sum().clamp(min=1.0).item()
+        if cfg.loss_reduction == "mean":
+            loss = loss / n_valid
 
         grad_norm = self.gradient_step(loss)
-        n_valid = valid.sum().clamp(min=1.0).item()
         return {
             "loss": loss.item(),
             "pg_loss": pg_loss.item() / n_valid,
