@@ -131,8 +131,9 @@ def _valid(batch) -> np.ndarray:
 
 
 @pytest.mark.parametrize("log_epsilon", [1e-6, 0.34])  # 0.34 floors about half the actions
-def test_a3c_loss_matches_ga3c_formula(log_epsilon):
-    algo = _algo(A3C, log_epsilon=log_epsilon)
+@pytest.mark.parametrize("reduction", ["sum", "mean"])  # GA3C's sum, baselines A2C's mean
+def test_a3c_loss_matches_ga3c_formula(log_epsilon, reduction):
+    algo = _algo(A3C, log_epsilon=log_epsilon, loss_reduction=reduction)
     batch = _batch()
     logp, entropy, values = _current(algo, batch)
     valid = _valid(batch)
@@ -142,6 +143,8 @@ def test_a3c_loss_matches_ga3c_formula(log_epsilon):
     for t, b in zip(*np.nonzero(valid)):
         adv = returns[t, b] - values[t, b]
         expected += -(log_pi[t, b] * adv + 0.01 * entropy[t, b]) + 0.5 * adv**2
+    if reduction == "mean":
+        expected /= valid.sum()
     metrics, _ = _frozen_update(algo, batch)
     assert metrics["loss"] == pytest.approx(float(expected), rel=1e-5)
 

@@ -261,6 +261,10 @@ class Algorithm(ABC):
         self.check_obs_norm_state(any(k.startswith("obs_norm.") for k in state["model"]))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        # The spec's lr, not the saved one: a run resumed with another algo.lr (a PBT
+        # exploit, an override) trains with it; `set_progress` applies the schedule.
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr
         self.load_sparse_state(state)
 
     # -- sparse training (RLx2) ---------------------------------------------

@@ -368,6 +368,8 @@ class OffPolicyAlgorithm(Algorithm):
             module.load_state_dict(state["networks"][key])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][key])
+            for group in optimizer.param_groups:  # the spec's lr, as the base class
+                group["lr"] = self.cfg.lr
         self.updates = int(state["updates"])
         self.load_sparse_state(state)
 

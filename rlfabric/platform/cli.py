@@ -4,6 +4,7 @@
     rlfabric train --resume runs/<name> [section.field=value ...]
     rlfabric train --resume auto SPEC.yaml run.name=NAME [section.field=value ...]
     rlfabric tune SPEC.yaml [section.field=value ...]
+    rlfabric tune --resume SEARCH_DIR
     rlfabric spec show SPEC.yaml [section.field=value ...]
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
@@ -117,8 +118,14 @@ def _parser() -> argparse.ArgumentParser:
         help="search the spec's `tune` section on Ray Tune; each trial is one run",
         spec_help=True,
     )
-    search.add_argument("spec", help="YAML experiment spec with a tune section")
+    search.add_argument("spec", nargs="?", help="YAML experiment spec with a tune section")
     search.add_argument("overrides", nargs="*", help="dotted overrides, e.g. tune.num_samples=8")
+    search.add_argument(
+        "--resume",
+        metavar="SEARCH_DIR",
+        help="go on with the search in SEARCH_DIR (stopped by Ctrl-C or SIGTERM): unfinished "
+        "trials from their newest checkpoints, finished ones not again",
+    )
     search.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
@@ -206,16 +213,30 @@ def _train(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
+    from rlfabric.platform.tune import resume_search
 
+    if args.resume and (args.spec or args.overrides):
+        raise RLFabricError("tune --resume SEARCH_DIR takes no spec or overrides")
+    if not args.resume and not args.spec:
+        raise RLFabricError("tune needs a spec file or --resume SEARCH_DIR")
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"resources.address={args.address}")
-    result = Platform.from_yaml(args.spec, overrides).tune()
+    # A bad spec fails here, before Ray starts.
+    platform = None if args.resume else Platform.from_yaml(args.spec, overrides)
+    try:
+        result = platform.tune() if platform else resume_search(args.resume, args.address)
+    except KeyboardInterrupt:  # a second Ctrl-C: trials still writing were ended
+        print("interrupted at once: trials end with their newest checkpoints", file=sys.stderr)
+        return 130
     print(result.table())
     folder = Path(result.logdir)
-    print(f"trials: {folder / 'trials.csv'}")
+    print(f"trials: {folder / 'trials.csv'}, curves: {folder / 'trials.png'}")
     if result.best_spec is not None:
         print(f"best:   {result.best_metric:.4g}; `rlfabric train {folder / 'best_spec.yaml'}`")
+    if result.interrupted:
+        print(f"interrupted: `rlfabric tune --resume {folder}` goes on", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -18,9 +18,10 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +37,7 @@ from rlfabric.errors import ActorError, CheckpointError, SpecError
 from rlfabric.models import ActorCritic, UnsupportedSpaceError
 from rlfabric.platform.checkpoint import (
     list_checkpoints,
+    load_checkpoint,
     newest_checkpoint,
     replay_target,
     save_checkpoint,
@@ -196,6 +198,9 @@ class Platform:
         self.spec = ExperimentSpec.build(data, overrides)
         self.env_info = check_spec(self.spec)
         self._resume_from: Path | None = None
+        self._resume_checkpoint: Path | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoints_asked: list[Future[Path]] = []
 
     def tune(self) -> TuneResult:
         """Search the spec's `tune` section on Ray Tune; each trial is one run like `fit()`'s."""
@@ -208,17 +213,42 @@ class Platform:
         return cls(ExperimentSpec.from_yaml(path, overrides))
 
     @classmethod
-    def resume(cls, logdir: str | Path, overrides: list[str] | None = None) -> Platform:
-        """Continue the run in `logdir` from its newest checkpoint, at its frame count."""
+    def resume(
+        cls,
+        logdir: str | Path,
+        overrides: list[str] | None = None,
+        checkpoint: str | Path | None = None,
+    ) -> Platform:
+        """Continue the run in `logdir` from its newest checkpoint, at its frame count;
+        from `checkpoint` instead if given (an earlier one, another run's: a PBT exploit)."""
         logdir = Path(logdir)
         spec_path = logdir / "spec.yaml"
         if not spec_path.is_file():
             raise CheckpointError(f"{str(logdir)!r} is not a run folder: it has no spec.yaml")
-        if not list_checkpoints(logdir / "checkpoints"):
+        if checkpoint is None and not list_checkpoints(logdir / "checkpoints"):
             raise CheckpointError(f"run folder {str(logdir)!r} holds no checkpoint to resume")
         platform = cls(ExperimentSpec.from_yaml(spec_path, overrides))
         platform._resume_from = logdir
+        platform._resume_checkpoint = Path(checkpoint) if checkpoint is not None else None
         return platform
+
+    def checkpoint_soon(self) -> Future[Path]:
+        """Ask a running `fit()`, from another thread, for a checkpoint at the end of its
+        next report interval (a search saving a trial for PBT). The future holds the
+        checkpoint's path; the final checkpoint's if the run ends first."""
+        future: Future[Path] = Future()
+        with self._checkpoint_lock:
+            self._checkpoints_asked.append(future)
+        return future
+
+    def _answer_checkpoint_requests(self, path: Path | None) -> None:
+        with self._checkpoint_lock:
+            asked, self._checkpoints_asked = self._checkpoints_asked, []
+        for future in asked:
+            if path is None:
+                future.set_exception(CheckpointError("the run ended without a checkpoint"))
+            else:
+                future.set_result(path)
 
     # -- the run --------------------------------------------------------------------
 
@@ -291,8 +321,10 @@ class Platform:
             except Exception as err:  # keep the original error; the last checkpoint stays
                 log.warning("final checkpoint failed: %s", err)
             finally:
+                self._answer_checkpoint_requests(progress.checkpoint)
                 if arch is not None:
                     arch.stop()
+                log.info("stopped: %s (checkpoint: %s)", progress.reason, progress.checkpoint)
                 reporter.close()
                 run_log.close()
                 # The curve draws while Ray shuts down: most of that second is spent
@@ -342,8 +374,9 @@ class Platform:
             if progress.reason:
                 return
             interval = self.spec.run.checkpoint_interval_s
-            if interval and now - last_ckpt >= interval:
+            if self._checkpoints_asked or (interval and now - last_ckpt >= interval):
                 progress.checkpoint = self._checkpoint(arch, logdir, reporter, progress)
+                self._answer_checkpoint_requests(progress.checkpoint)
                 last_ckpt = now
 
     def _restart_point(
@@ -386,7 +419,11 @@ class Platform:
         spec = self.spec
         if self._resume_from is not None:
             logdir = self._resume_from
-            path, state = newest_checkpoint(logdir / "checkpoints")
+            if self._resume_checkpoint is not None:
+                path = self._resume_checkpoint
+                state = load_checkpoint(path)
+            else:
+                path, state = newest_checkpoint(logdir / "checkpoints")
             (logdir / "spec.yaml").write_text(spec.to_yaml())  # overrides given on resume
             return state, logdir, path
         if spec.run.resume == "auto":

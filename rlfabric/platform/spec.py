@@ -114,15 +114,68 @@ class Distribution(_Section):
         return [low, high - 1] if self.kind == "randint" else [low, high]
 
 
-class SchedulerConfig(_Section):
-    """Which trials go on: ASHA stops the worse ones at rungs; FIFO runs every trial out."""
+#: Searched fields population-based training may change in a running trial: values
+#: the algorithm reads at each update, none that a checkpoint holds (optimizer
+#: state besides lr, replay contents) or that shapes the run (networks, envs,
+#: batches, the topology).
+PBT_MUTABLE = (
+    "algo.lr",
+    "algo.entropy_cost",
+    "algo.grad_clip",
+    "algo.reward_clip",
+    "algo.baseline_cost",
+    "algo.value_cost",
+    "algo.clip_coef",
+    "algo.gae_lambda",
+    "algo.lambda",
+    "algo.rho_bar",
+    "algo.c_bar",
+    "algo.pg_rho_bar",
+    "algo.pg_clip",
+    "algo.epochs",
+    "algo.num_minibatches",
+    "algo.tau",
+    "algo.policy_noise",
+    "algo.noise_clip",
+    "algo.exploration_noise",
+    "algo.policy_freq",
+)
 
-    name: Literal["asha", "fifo"] = Field("asha", description="trial scheduler")
+
+class SchedulerConfig(_Section):
+    """Which trials go on: ASHA stops the worse ones at rungs; PBT copies the better
+    ones' checkpoints into the worse and perturbs their values; FIFO runs every trial out."""
+
+    name: Literal["asha", "pbt", "fifo"] = Field("asha", description="trial scheduler")
     grace_frames: int = Field(
         50_000, ge=1, description="asha: env frames every trial runs before it can be stopped"
     )
     reduction_factor: float = Field(
         4.0, gt=1, description="asha: 1/reduction_factor of the trials go on at each rung"
+    )
+    perturbation_frames: int = Field(
+        50_000,
+        ge=1,
+        description="pbt: env frames between a trial's exploit/explore decisions",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=0.5,
+        description="pbt: the bottom fraction of trials copies a trial of the top fraction",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="pbt: chance that explore draws a value anew from its distribution "
+        "instead of scaling it by 0.8 or 1.2",
+    )
+    synch: bool = Field(
+        False,
+        description="pbt: trials wait for each other at each perturbation point (Tune's "
+        "synch), so every decision ranks the whole population; each run is paused and "
+        "started again from its checkpoint there",
     )
 
 
@@ -305,11 +358,20 @@ def _check_search(tune: TuneConfig, data: dict[str, Any]) -> None:
     """Build the spec with each searched field at the values a trial may get, so that a
     key naming no field or a value the field refuses fails now, naming the key."""
     base = {k: v for k, v in data.items() if k != "tune"}
+    if tune.scheduler.name == "pbt" and not tune.search:
+        raise SpecError("invalid spec: tune.search: pbt needs at least one searched field")
     for key, distribution in tune.search.items():
         path = key.split(".")
         if path[0] == "tune" or not all(path):
             raise SpecError(
                 f"invalid spec: tune.search.{key}: must name a field outside the tune section"
+            )
+        if tune.scheduler.name == "pbt" and key not in PBT_MUTABLE:
+            raise SpecError(
+                f"invalid spec: tune.search.{key}: pbt changes searched values in running "
+                f"trials, and {key} cannot change mid-run (it shapes the run or lives in its "
+                f"checkpoint); pbt can search: {', '.join(PBT_MUTABLE)}. Search {key} with "
+                "asha or fifo"
             )
         for value in distribution.examples():
             trial = copy.deepcopy(base)
