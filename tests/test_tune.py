@@ -221,11 +221,10 @@ def test_pbt_exploit_copies_the_donor_and_perturbs_only_searched_values(ray_sess
         saved = json.loads(source.read_text())
         donors[saved["trial"], saved["checkpoint"]] = source.parent / saved["checkpoint"]
     for trial, count in exploits.items():
-        lineage = (
-            [json.loads(x) for x in (folder / trial / LINEAGE).read_text().splitlines()]
-            if count
-            else []
-        )
+        start, *lineage = [
+            json.loads(x) for x in (folder / trial / LINEAGE).read_text().splitlines()
+        ]
+        assert start["env_frames"] == 0 and set(start["config"]) == set(search)
         assert len(lineage) == count
         for entry in lineage:
             assert entry["donor"] != trial and set(entry["config"]) == set(search)

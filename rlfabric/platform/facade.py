@@ -191,7 +191,9 @@ class Platform:
             raise SpecError(
                 f"unknown spec section(s) {sorted(unknown)}; allowed: {', '.join(SECTIONS)}"
             )
-        data = spec.to_dict() if isinstance(spec, ExperimentSpec) else dict(spec or {})
+        # A spec object's own values, not its resolved ones: presets fill the rest again,
+        # and a search of `arch.name` or `algo.name` gets each name's fields.
+        data = spec.user_values() if isinstance(spec, ExperimentSpec) else dict(spec or {})
         data.update({k: v for k, v in sections.items() if v is not None})
         if callable(data.get("env")):
             data["env"] = register_env_creator(data["env"])

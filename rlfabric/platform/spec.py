@@ -201,6 +201,12 @@ class TuneConfig(_Section):
         description="trials running at once; null: all of them, each with an equal share of "
         "the CPUs where resources.learner_cpus / cpus_per_env_runner are null",
     )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="seed of the values drawn for the trials: the same seed and search draw "
+        "the same trials (to compare schedulers); null: new values each search",
+    )
 
 
 class ExperimentSpec(_Section):

@@ -17,7 +17,8 @@ CPUs and spread over a cluster.
 Population-based training saves a trial by asking its run for a checkpoint
 (hard-linked into Tune's checkpoint, with the trial's id and values beside
 it); an exploit restores another trial's into the trial's run folder, which
-goes on from it with the perturbed values (`lineage.jsonl` records each).
+goes on from it with the perturbed values. `lineage.jsonl` in each trial's run
+folder holds its values at the start and after each exploit, with what it copied.
 
 Ctrl-C or SIGTERM writes `STOP` into the search folder: every running trial
 ends its run at its next interval with a final checkpoint, then Tune saves
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import itertools
 import json
 import logging
 import math
@@ -59,6 +61,7 @@ from ray.tune.schedulers import (
     PopulationBasedTraining,
     TrialScheduler,
 )
+from ray.tune.search import BasicVariantGenerator
 
 from rlfabric.architectures import ARCHITECTURES
 from rlfabric.architectures.runner_pool import max_runners
@@ -76,7 +79,7 @@ TUNE_RECORDS = "ray_tune"
 SEARCH_SPEC = "spec.yaml"
 #: Written by Ctrl-C or SIGTERM: each trial's run ends at its next interval.
 STOP_FILE = "STOP"
-#: In a trial's run folder: one JSON line per PBT exploit.
+#: In a trial's run folder: its values at the start, then one line per PBT exploit.
 LINEAGE = "lineage.jsonl"
 #: In a trial's run folder while its run is not going (ended, paused, or not yet started again).
 ENDED = ".ended"
@@ -119,6 +122,12 @@ class _Plan:
     metric: str
     cpus_per_trial: float  # the cluster's CPUs over the trials that run at once
     env_info: EnvInfo
+    mode: str = "max"
+
+    @property
+    def worst(self) -> float:
+        """The metric of a run that ended before reporting it: it ranks last."""
+        return -math.inf if self.mode == "max" else math.inf
 
     def spec(self, config: dict[str, Any], trial_id: str | None = None) -> ExperimentSpec:
         """A trial's spec: the searched values over the user's; in a trial, its run
@@ -201,6 +210,8 @@ class _Trial(tune.Trainable):
             self.platform = Platform.resume(self.run_folder, checkpoint=self.start_from)
         else:
             self.platform = Platform(self.spec)
+            if not (self.run_folder / LINEAGE).exists():
+                self._lineage({"env_frames": 0, "config": dict(self.config)})
         (self.run_folder / ENDED).unlink(missing_ok=True)
         self.thread = threading.Thread(target=self._fit, name="rlfabric-trial", daemon=True)
         self.thread.start()
@@ -235,8 +246,8 @@ class _Trial(tune.Trainable):
         if self.thread is None:
             self._start()
         record = self.pending if self.pending is not None else self._next()
-        if record.get("done"):  # the run ended before reporting the metric
-            return record
+        if record.get("done"):  # the run ended before reporting the metric: Tune needs one
+            return {**record, self.plan.metric: self.plan.worst}
         following = self._next()
         if following.get("done"):
             self.pending = None
@@ -277,8 +288,7 @@ class _Trial(tune.Trainable):
         the run starts from it with this trial's new values; `lineage.jsonl` says so."""
         folder = Path(checkpoint)
         source = json.loads((folder / SOURCE).read_text())
-        lineage = read_records(self.run_folder / LINEAGE)
-        copied = lineage[-1] if lineage else {}
+        copied = (_exploits(self.run_folder) or [{}])[-1]
         if source["trial"] == self.trial_id or (
             (copied.get("donor"), copied.get("checkpoint"))
             == (source["trial"], source["checkpoint"])
@@ -293,14 +303,21 @@ class _Trial(tune.Trainable):
         for file in _checkpoint_files(donor):
             _link(file, own / file.name)
         self.start_from = own / donor.name
-        line = {
-            "time": datetime.now().isoformat(timespec="seconds"),
-            "donor": source["trial"],
-            "checkpoint": source["checkpoint"],
-            "env_frames": source["env_frames"],
-            "donor_config": source["config"],
-            "config": dict(self.config),
-        }
+        self._lineage(
+            {
+                "donor": source["trial"],
+                "checkpoint": source["checkpoint"],
+                "env_frames": source["env_frames"],
+                "donor_config": source["config"],
+                "config": dict(self.config),
+                # where the run's records go on from the donor's frames (for the curves)
+                "records_before": len(read_records(self.run_folder / "metrics.jsonl")),
+            }
+        )
+
+    def _lineage(self, line: dict[str, Any]) -> None:
+        self.run_folder.mkdir(parents=True, exist_ok=True)
+        line = {"time": datetime.now().isoformat(timespec="seconds"), **line}
         with (self.run_folder / LINEAGE).open("a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -316,6 +333,11 @@ class _Trial(tune.Trainable):
         self.stop_asked.set()
         if self.thread is not None:
             self.thread.join()
+
+
+def _exploits(run_folder: Path) -> list[dict[str, Any]]:
+    """The lineage lines of a trial's PBT exploits (the first line is its start)."""
+    return [line for line in read_records(run_folder / LINEAGE) if "donor" in line]
 
 
 def _checkpoint_files(checkpoint: Path) -> list[Path]:
@@ -377,7 +399,7 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
     try:
         at_once = min(trials, config.max_concurrent_trials or trials)
         cpus = ray.cluster_resources()["CPU"] / at_once
-        plan = _Plan(base, folder, config.metric, cpus, env_info)
+        plan = _Plan(base, folder, config.metric, cpus, env_info, config.mode)
         trainable = tune.with_resources(tune.with_parameters(_Trial, plan=plan), plan.placement)
         display = _Display(config, trials, budget, spec.run.display)
         if resume:
@@ -392,6 +414,7 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
                     metric=config.metric,
                     mode=config.mode,
                     scheduler=scheduler,
+                    search_alg=BasicVariantGenerator(random_state=config.seed),
                     num_samples=config.num_samples,
                     max_concurrent_trials=at_once,
                     reuse_actors=False,  # an exploit starts the trial's run anew
@@ -574,9 +597,7 @@ class _Display(tune.Callback):
     ) -> None:
         self.frames[trial.trial_id] = result.get("env_frames", 0.0)
         value = result.get(self.metric)
-        if value is not None and (
-            self.best is None or (value > self.best[0]) == (self.mode == "max")
-        ):
+        if _finite(value) and (self.best is None or (value > self.best[0]) == (self.mode == "max")):
             self.best = (value, trial.trial_id)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
@@ -632,13 +653,12 @@ def _row(
     metrics = result.metrics or {}
     history = result.metrics_dataframe
     values = (
-        history[config.metric].dropna()
+        [float(v) for v in history[config.metric] if _finite(float(v))]
         if history is not None and config.metric in history
-        else None
+        else []
     )
-    best = None
-    if values is not None and len(values):
-        best = float(values.max() if config.mode == "max" else values.min())
+    best = (max if config.mode == "max" else min)(values) if values else None
+    final = metrics.get(config.metric)
     trial = metrics.get("trial_id", Path(result.path).name)
     if result.error is not None:
         status = f"error: {str(result.error).strip().splitlines()[-1]}"
@@ -651,14 +671,14 @@ def _row(
     row = {
         "trial": trial,
         **{key: (result.config or {}).get(key) for key in keys},
-        "final": metrics.get(config.metric),
+        "final": final if _finite(final) else None,
         "best": best,
         "env_frames": metrics.get("env_frames"),
         "wall_time_s": metrics.get("wall_time_s"),
         "status": status,
     }
     if config.scheduler.name == "pbt":
-        row["exploits"] = len(read_records(folder / trial / LINEAGE))
+        row["exploits"] = len(_exploits(folder / trial))
     return row
 
 
@@ -681,16 +701,20 @@ def plot_trials(folder: Path, rows: list[dict[str, Any]], metric: str) -> Path:
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for row in rows:
+    for index, row in enumerate(rows):
         records = read_records(folder / row["trial"] / "metrics.jsonl")
-        points = [(r["env_frames"], r[metric]) for r in records if metric in r]
-        if not points:
-            continue
-        (line,) = ax.plot(*zip(*points), label=row["trial"], linewidth=1.2)
-        for exploit in read_records(folder / row["trial"] / LINEAGE):
-            after = [p for p in points if p[0] >= exploit["env_frames"]]
-            if after:
-                ax.plot(*after[0], marker="x", markersize=8, color=line.get_color())
+        exploits = _exploits(folder / row["trial"])
+        # One segment per stretch of the run: an exploit goes on from the donor's frames.
+        cuts = [0, *(e["records_before"] for e in exploits), len(records)]
+        color = f"C{index % 10}"
+        for segment, (start, end) in enumerate(itertools.pairwise(cuts)):
+            points = [(r["env_frames"], r[metric]) for r in records[start:end] if metric in r]
+            if not points:
+                continue
+            label = row["trial"] if segment == 0 else None
+            ax.plot(*zip(*points), color=color, label=label, linewidth=1.2)
+            if segment > 0:  # where the exploited trial went on
+                ax.plot(*points[0], marker="x", markersize=8, color=color)
     ax.set_xlabel("env frames")
     ax.set_ylabel(metric)
     ax.set_title(
