@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfabric import Platform
+from rlfabric.models.config import native_bf16
 from rlfabric.platform.evaluate import evaluate, load_policy
 from rlfabric.platform.facade import TargetHit
 from rlfabric.platform.reporting import read_records
@@ -170,6 +171,11 @@ def seed_entry(repro: Reproduction, folder: Path) -> dict[str, Any]:
     }
     if repro.kind == "atari":
         entry["frames_to_18"] = first_reaching(records, 18.0)
+        # the machine reading the folder is the one that trained it (runs are not moved)
+        entry["frames_per_s"] = round(entry["env_frames"] / max(entry["wall_time_s"], 1e-9))
+        entry["cpu_bf16"] = native_bf16("cpu")
+        spec = folder / "spec.yaml"
+        entry["spec"] = spec.read_text() if spec.is_file() else None
     else:
         spec, algorithm = load_policy(folder)
         entry["eval_return"] = evaluate(algorithm, spec.env, 10).mean

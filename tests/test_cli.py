@@ -149,3 +149,26 @@ def test_an_error_inside_an_actor_is_one_paragraph(tmp_path, settings, code, mes
     assert "error" in (tmp_path / "broken" / "run.log").read_text()
     # The learner's state is intact (the bad steps were skipped or refused): saved at the end.
     assert list((tmp_path / "broken" / "checkpoints").glob("ckpt_*.pt"))
+
+
+def test_reference_pages_are_what_the_code_generates():
+    """docs/reference is generated from the pydantic models and argparse: a field or an
+    option changed without `python -m rlfabric.platform.reference docs/reference` fails."""
+    from rlfabric.platform.reference import PAGES
+
+    for name, page in PAGES.items():
+        committed = (ROOT / "docs" / "reference" / name).read_text()
+        assert committed == page(), (
+            f"docs/reference/{name} is stale: run python -m rlfabric.platform.reference "
+            "docs/reference"
+        )
+
+
+def test_spec_schema_prints_every_section_and_registered_name():
+    out = rlfabric("spec", "schema")
+    assert out.returncode == 0, out.stderr
+    for heading in ("## env", "### arch: seed", "### algo: sac", "## tune", "## run"):
+        assert heading in out.stdout
+    assert (
+        "| `algo.lr` |" in out.stdout and "| `tune.scheduler.perturbation_frames` |" in out.stdout
+    )

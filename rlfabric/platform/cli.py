@@ -6,6 +6,7 @@
     rlfabric tune SPEC.yaml [section.field=value ...]
     rlfabric tune --resume SEARCH_DIR
     rlfabric spec show SPEC.yaml [section.field=value ...]
+    rlfabric spec schema
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
 
@@ -171,6 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.add_argument("spec", help="YAML experiment spec")
     show.add_argument("overrides", nargs="*", help="dotted overrides")
+    spec_sub.add_parser(
+        "schema",
+        help="print every spec field with its type, default and description (Markdown; "
+        "docs/reference/spec.md)",
+    )
     return parser
 
 
@@ -316,6 +322,15 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec(args: argparse.Namespace) -> int:
+    if args.spec_command == "schema":
+        from rlfabric.platform.reference import spec_markdown
+
+        print(spec_markdown(), end="")
+        return 0
+    return _spec_show(args)
+
+
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.envs import describe_env
     from rlfabric.envs.config import find_spec, is_atari
@@ -332,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers: dict[str, Any] = {
         "train": _train,
         "tune": _tune,
-        "spec": _spec_show,
+        "spec": _spec,
         "bench": _bench,
         "eval": _eval,
         "export": _export,
