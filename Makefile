@@ -7,14 +7,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install demo test test-all lint bench-learn bench-throughput clean
+.PHONY: install demo test test-all docs lint bench-learn bench-throughput clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,8 +23,13 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/rlfabric train examples/specs/cartpole_seed_vtrace.yaml
 
-test: install
+# The docs build first (strict: a broken link fails); test_cli checks the generated pages.
+test: install docs
 	$(PY) -m pytest --durations=25
+
+# The documentation site into site/ (mkdocs.yml); strict: any warning fails.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 test-all: install
 	$(PY) -m pytest -m ''
@@ -38,4 +44,4 @@ bench-throughput: install
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
