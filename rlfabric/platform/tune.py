@@ -87,6 +87,8 @@ ENDED = ".ended"
 SOURCE = "rlfabric_source.json"
 #: Seconds an interrupted search waits for its trials' final checkpoints.
 STOP_WAIT_S = 300.0
+#: Seconds a restored trial waits for its previous actor's run to end.
+PREVIOUS_RUN_WAIT_S = 60.0
 
 _SAMPLERS = {
     "uniform": lambda v: tune.uniform(*v),
@@ -288,13 +290,13 @@ class _Trial(tune.Trainable):
         the run starts from it with this trial's new values; `lineage.jsonl` says so."""
         folder = Path(checkpoint)
         source = json.loads((folder / SOURCE).read_text())
+        self._wait_for_previous_run()
         copied = (_exploits(self.run_folder) or [{}])[-1]
         if source["trial"] == self.trial_id or (
             (copied.get("donor"), copied.get("checkpoint"))
             == (source["trial"], source["checkpoint"])
         ):  # its own, or the exploit it went on from before `--resume`
             return
-        self._wait_for_previous_run()
         own = self.run_folder / "checkpoints"
         own.mkdir(parents=True, exist_ok=True)
         for old in own.glob("ckpt_*"):
@@ -322,10 +324,11 @@ class _Trial(tune.Trainable):
             f.write(json.dumps(line) + "\n")
 
     def _wait_for_previous_run(self) -> None:
-        """A paused trial's previous actor may still be writing its final checkpoint."""
+        """A paused trial's previous actor may still be writing its final checkpoint (one
+        that died never says it ended: its newest checkpoint is then what there is)."""
         if not (self.run_folder / "spec.yaml").is_file():
             return
-        deadline = time.monotonic() + STOP_WAIT_S
+        deadline = time.monotonic() + PREVIOUS_RUN_WAIT_S
         while not (self.run_folder / ENDED).exists() and time.monotonic() < deadline:
             time.sleep(0.2)
 
