@@ -23,6 +23,32 @@ def test_an_unknown_field_gets_did_you_mean_with_the_names_users_write():
     assert "lambda_" not in message
 
 
+@pytest.mark.parametrize(
+    ("section", "written", "meant"),
+    [
+        ("algo", "learning_rate", "lr"),  # SB3
+        ("algo", "ent_coef", "entropy_cost"),  # SB3
+        ("algo", "max_grad_norm", "grad_clip"),  # SB3
+        ("env", "n_envs", "num_envs"),  # SB3
+        ("algo", "rollout_fragment_length", "unroll_length"),  # RLlib
+    ],
+)
+def test_names_other_libraries_use_suggest_ours(section, written, meant):
+    data = {"algo": {"name": "vtrace"}, "env": {"id": "CartPole-v1"}}
+    data[section][written] = 1
+    with pytest.raises(
+        SpecError, match=f"{section}.{written}: unknown field; did you mean '{meant}'"
+    ):
+        ExperimentSpec.build(data)
+
+
+def test_an_empty_spec_file_says_it_trains_the_defaults(tmp_path, caplog):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert ExperimentSpec.from_yaml(empty) == ExperimentSpec.build({})
+    assert f"spec file '{empty}' is empty: it trains the defaults" in caplog.text
+
+
 def test_spec_show_prints_the_stop_conditions_in_force_and_no_atari_block(capsys):
     assert main(["spec", "show", str(SPEC)]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ checkpoints, and a small Pendulum learning check without the platform."""
 from __future__ import annotations
 
 import io
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -204,6 +205,19 @@ def test_actions_within_asymmetric_bounds(cls: type) -> None:
     unit = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]])
     np.testing.assert_allclose(algo.to_env(unit).numpy(), [[-1, 0], [3, 1], [1, 0.5]])
     torch.testing.assert_close(algo.from_env(algo.to_env(unit)), unit)
+
+
+@pytest.mark.parametrize("cls", [SAC, TD3])
+def test_a_space_with_read_only_bounds_builds_without_warnings(cls: type) -> None:
+    """An action space that came through Ray holds read-only arrays (IMPALA's runners);
+    wrapping them made torch warn in every TD3 run under IMPALA."""
+    space = gym.spaces.Box(ACT.low.copy(), ACT.high.copy(), dtype=np.float32)
+    space.low.setflags(write=False)
+    space.high.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        algo = cls(cls.config_cls(hidden=[4]), OBS, space, ModelConfig())
+    np.testing.assert_allclose(algo.action_scale.numpy(), (ACT.high - ACT.low) / 2)
 
 
 @pytest.mark.parametrize("name", ["sac", "td3"])

@@ -168,8 +168,10 @@ class OffPolicyAlgorithm(Algorithm):
         self.check_model(model_cfg)
         self.obs_dim = int(np.prod(obs_space.shape))
         self.action_dim = int(action_space.shape[0])
-        low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32, device=self.device)
+        # Copies: a space that came through Ray holds read-only arrays, and torch warns
+        # when it wraps one (IMPALA's runners build their acting copy from such a space).
+        low = torch.tensor(action_space.low, dtype=torch.float32, device=self.device)
+        high = torch.tensor(action_space.high, dtype=torch.float32, device=self.device)
         self.action_scale = (high - low) / 2
         self.action_bias = (high + low) / 2
         self.updates = 0

@@ -359,13 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except RLFabricError as err:
-        with tempfile.NamedTemporaryFile(
-            "w", prefix="rlfabric-error-", suffix=".log", delete=False
-        ) as f:
-            traceback.print_exc(file=f)
-            if isinstance(err, ActorError) and err.remote_traceback:
-                f.write(f"\nraised in {err.actor}:\n{err.remote_traceback}\n")
-        print(f"error: {err}\n(traceback: {Path(f.name)})", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
+        if not isinstance(err, ActorError) and not hasattr(err, "run_log"):
+            return 2  # found in this process before a run: the message is all there is
+        where = getattr(err, "run_log", None)  # a run's errors: its run.log has the traceback
+        if where is None:
+            with tempfile.NamedTemporaryFile(
+                "w", prefix="rlfabric-error-", suffix=".log", delete=False
+            ) as f:
+                traceback.print_exc(file=f)
+                if isinstance(err, ActorError) and err.remote_traceback:
+                    f.write(f"\nraised in {err.actor}:\n{err.remote_traceback}\n")
+            where = f.name
+        print(f"(traceback: {where})", file=sys.stderr)
         # 2: the message says what to fix; 1: something broke inside an actor.
         return 1 if isinstance(err, ActorError) and not err.user_error else 2
 

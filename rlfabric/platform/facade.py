@@ -315,6 +315,7 @@ class Platform:
             log.info(
                 "run stopped by error: %s%s", err, f"\n{remote}" if remote else "", exc_info=True
             )
+            err.run_log = str(logdir / "run.log")  # type: ignore[attr-defined]  # for the CLI
             raise
         finally:
             try:

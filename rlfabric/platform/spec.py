@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import textwrap
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,8 @@ from rlfabric.platform import presets
 from rlfabric.platform.presets import Provenance
 from rlfabric.runtime.config import ResourcesConfig, RunConfig, StopConfig
 from rlfabric.sparse.config import SparseConfig
+
+log = logging.getLogger(__name__)
 
 #: Frame budget of a run whose spec names no stop condition (besides the env's
 #: registered reward threshold, which also applies then).
@@ -294,9 +297,17 @@ class ExperimentSpec(_Section):
         if not path.is_file():
             raise SpecError(f"spec file {str(path)!r} does not exist")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
             raise SpecError(f"spec file {str(path)!r} is not valid YAML: {err}") from None
+        if data is None:
+            log.warning(
+                "spec file %r is empty: it trains the defaults (`rlfabric spec show %s` "
+                "prints them)",
+                str(path),
+                path,
+            )
+            data = {}
         if not isinstance(data, dict):
             raise SpecError(
                 f"spec file {str(path)!r} must hold a mapping, got {type(data).__name__}"
@@ -485,6 +496,34 @@ def set_dotted(data: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+#: Field names as Stable-Baselines3, RLlib or CleanRL write them -> rlfabric's (the
+#: ones a section has are suggested for an unknown field).
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("lr",),
+    "ent_coef": ("entropy_cost",),
+    "entropy_coeff": ("entropy_cost",),
+    "vf_coef": ("baseline_cost", "value_cost"),
+    "vf_loss_coeff": ("baseline_cost", "value_cost"),
+    "max_grad_norm": ("grad_clip",),
+    "grad_clip_norm": ("grad_clip",),
+    "n_steps": ("unroll_length",),
+    "rollout_fragment_length": ("unroll_length",),
+    "num_steps": ("unroll_length",),
+    "clip_range": ("clip_coef",),
+    "clip_param": ("clip_coef", "pg_clip"),
+    "n_epochs": ("epochs",),
+    "update_epochs": ("epochs",),
+    "num_sgd_iter": ("epochs",),
+    "gae_lambda": ("lambda", "gae_lambda"),
+    "buffer_size": ("buffer_capacity",),
+    "learning_starts": ("warmup_steps",),
+    "n_envs": ("num_envs",),
+    "num_envs_per_env_runner": ("num_envs",),
+    "num_env_runners": ("max_env_runners",),
+    "total_timesteps": ("env_frames", "agent_steps"),
+}
+
+
 def format_validation_error(err: ValidationError, data: dict[str, Any]) -> str:
     """One paragraph: each bad field with the value given and what is allowed."""
     lines = []
@@ -496,7 +535,11 @@ def format_validation_error(err: ValidationError, data: dict[str, Any]) -> str:
             names = [
                 info.alias or name for name, info in (model.model_fields if model else {}).items()
             ]
-            close = difflib.get_close_matches(str(e["loc"][-1]), names, n=3, cutoff=0.6)
+            given_name = str(e["loc"][-1])
+            close = difflib.get_close_matches(given_name, names, n=3, cutoff=0.6)
+            close = [
+                s for s in SYNONYMS.get(given_name, ()) if s in names and s not in close
+            ] + close
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             allowed = f"; allowed here: {', '.join(names)}" if names else ""
             lines.append(f"{loc}: unknown field{hint}{allowed}")
