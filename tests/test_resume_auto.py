@@ -79,8 +79,22 @@ def test_the_cli_takes_resume_auto_with_a_spec(tmp_path):
     cmd = [str(rlfabric), "train", "--resume", "auto", str(spec), f"run.logdir={tmp_path}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "run.resume=auto needs run.name" in out.stderr
-    cmd += ["run.name=job", "run.display=none", "run.stop.env_frames=1000"]
-    for _ in range(2):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    cmd += ["run.name=job", "run.display=none"]
+    for frames in (1000, 2000):  # the second, with a larger budget, goes on from the first
+        out = subprocess.run(
+            [*cmd, f"run.stop.env_frames={frames}"], capture_output=True, text=True, timeout=120
+        )
         assert out.returncode == 0, out.stderr
     assert "resumed from ckpt_" in (tmp_path / "job" / "run.log").read_text()
+
+
+def test_resuming_a_run_that_met_its_budget_trains_nothing_and_says_so(tmp_path):
+    first = _platform(tmp_path, 2_000).fit()
+    records = (tmp_path / "job" / "metrics.jsonl").read_text()
+    again = _platform(tmp_path, 2_000).fit()
+    assert again.stop_reason.startswith("env_frames") and "already" in again.stop_reason
+    assert again.checkpoint == first.checkpoint
+    assert (tmp_path / "job" / "metrics.jsonl").read_text() == records  # nothing trained
+    assert "already; nothing to train" in (tmp_path / "job" / "run.log").read_text()
+    more = Platform.resume(tmp_path / "job", ["run.stop.env_frames=4000"]).fit()
+    assert more.metrics["env_frames"] >= 4_000

@@ -44,7 +44,7 @@ from rlfabric.platform.checkpoint import (
 )
 from rlfabric.platform.evaluate import evaluate
 from rlfabric.platform.ray_setup import init_ray
-from rlfabric.platform.reporting import Reporter
+from rlfabric.platform.reporting import Reporter, read_records
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
 from rlfabric.runtime.learner import make_algorithm
 
@@ -223,7 +223,7 @@ class Platform:
     ) -> Platform:
         """Continue the run in `logdir` from its newest checkpoint, at its frame count;
         from `checkpoint` instead if given (an earlier one, another run's: a PBT exploit)."""
-        logdir = Path(logdir)
+        logdir = Path(logdir).absolute()  # the paths it prints are the ones to use
         spec_path = logdir / "spec.yaml"
         if not spec_path.is_file():
             raise CheckpointError(f"{str(logdir)!r} is not a run folder: it has no spec.yaml")
@@ -264,6 +264,10 @@ class Platform:
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir, resumed = self._prepare_logdir()
+        if state is not None and resumed is not None:
+            done = self._done_already(state, stop, logdir, resumed)
+            if done is not None:
+                return done
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
         reporter = Reporter(logdir, spec.run.display, title, stop, spec.run.return_window)
         run_log = _RunLog(logdir / "run.log")
@@ -348,6 +352,35 @@ class Platform:
         checkpoint = str(progress.checkpoint) if progress.checkpoint else None
         return Result(
             progress.metrics, checkpoint, str(logdir), progress.reason, str(curve), progress.target
+        )
+
+    def _done_already(
+        self, state: dict[str, Any], stop: StopConfig, logdir: Path, checkpoint: Path
+    ) -> Result | None:
+        """A resumed run whose checkpoint already meets a frame, step or time budget: said,
+        and nothing started (an interval's training would overshoot it)."""
+        at = {**state["counters"], "wall_time_s": state.get("wall_time_s", 0.0)}
+        reason = stop_reason(at, stop, self.spec.run.return_window)
+        if not reason:
+            return None
+        records = read_records(logdir / "metrics.jsonl")
+        metrics = records[-1] if records else at
+        line = (
+            f"stopped: {reason} at {checkpoint.name} already; nothing to train (raise the "
+            "budget in run.stop to go on)"
+        )
+        if self.spec.run.display != "none":
+            print(f"{line}\nlogs:       {logdir}", flush=True)
+        run_log = _RunLog(logdir / "run.log")
+        log.info("%s", line)
+        run_log.close()
+        curve = logdir / "curve.png"
+        return Result(
+            metrics,
+            str(checkpoint),
+            str(logdir),
+            f"{reason} (already)",
+            str(curve) if curve.is_file() else None,
         )
 
     def _train(
