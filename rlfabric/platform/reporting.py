@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +203,14 @@ class Reporter:
         ax = fig.subplots()
         if points:
             ax.plot(*zip(*points))
+        target = self.stop.episode_return_mean if self.stop is not None else None
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+            ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel("env frames")
         ax.set_ylabel(f"mean return (last {self.return_window} episodes)")
-        ax.set_title(self.title)
+        # env | arch + algo | run name: long names wrap instead of running off the figure
+        ax.set_title(textwrap.fill(self.title, 60), fontsize=10)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = self.logdir / "curve.png"
