@@ -357,7 +357,7 @@ class Platform:
     def _done_already(
         self, state: dict[str, Any], stop: StopConfig, logdir: Path, checkpoint: Path
     ) -> Result | None:
-        """A resumed run whose checkpoint already meets a frame, step or time budget: said,
+        """A resumed run whose checkpoint already meets its frame or time budget: said,
         and nothing started (an interval's training would overshoot it)."""
         at = {**state["counters"], "wall_time_s": state.get("wall_time_s", 0.0)}
         reason = stop_reason(at, stop, self.spec.run.return_window)
