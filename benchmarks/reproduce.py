@@ -93,6 +93,13 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         18.0,
         "target: +18 within 10M frames (names only: the a3c/atari preset)",
     ),
+    "pong_seed_ppo": Reproduction(
+        "pong_seed_ppo.yaml",
+        20_000_000,
+        "atari",
+        None,
+        "SEED + PPO in CleanRL ppo_atari.py's settings, sticky actions: +9.3 at 10M here",
+    ),
     "pong_impala_vtrace": Reproduction(
         "pong_impala_vtrace.yaml", 10_000_000, "atari", None, "RLlib IMPALA: 18 at 14M frames"
     ),
