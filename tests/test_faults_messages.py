@@ -93,16 +93,27 @@ def test_plain_display_shows_progress_and_a_slower_time_breakdown(tmp_path, caps
                     "env_frames": 100 * second,
                     "env_frames_per_s": 100.0,
                     "episode_return_mean": 20.0,
+                    "loss": 0.25,
+                    "entropy": 0.6,
                     "env_step_ms": 0.5,
                     "wall_time_s": float(second),
                 }
             )
+        reporter.log({"env_frames": 10_400, "wall_time_s": 61.0})  # past the budget
     finally:
         reporter.close()
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("1% of 10,000 frames, return 20.0 of 475, ~0h01m39s left"), lines[0]
+    # the return target may end the run first: the frame budget's time left is a bound
+    assert lines[0].endswith("1% of 10,000 frames, return 20.0 of 475, at most ~0h01m39s left"), (
+        lines[0]
+    )
+    assert "loss=0.25" in lines[0] and "entropy=0.600" in lines[0]
     breakdowns = [line for line in lines if line.startswith("time: ")]
-    assert len(breakdowns) == 2 and "env step ms (group)=0.500" in breakdowns[0]
+    # the first with the first record (a short run shows one), then every 30 s
+    assert len(breakdowns) == 3 and "env step ms (group)=0.500" in breakdowns[0]
+    assert lines[1] == breakdowns[0]
+    last = [line for line in lines if not line.startswith("time: ")][-1]
+    assert "100% of 10,000 frames" in last  # an overshoot reads as done, not 104%
 
 
 def _log_bursts(reporter, seconds: int) -> None:

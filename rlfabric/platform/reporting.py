@@ -48,8 +48,12 @@ DISPLAY_ROWS = [
 RATE_WINDOW_S = 30.0
 
 #: Seconds between the plain display's time breakdown lines (its every-interval line
-#: keeps to frames, return and loss: a log, not a dashboard).
+#: keeps to frames, return and the losses: a log, not a dashboard); the first comes with
+#: the first record, so that a short run shows one too.
 PLAIN_BREAKDOWN_EVERY_S = 30.0
+#: The plain display's every-interval line: DISPLAY_ROWS up to the entropy; the rest
+#: (where the time goes) is its breakdown line.
+PLAIN_LINE_ROWS = 10
 
 
 def progress_text(record: dict[str, Any], stop: StopConfig) -> str:
@@ -64,18 +68,21 @@ def progress_text(record: dict[str, Any], stop: StopConfig) -> str:
     parts, left = [], []
     frames = record.get("env_frames", 0.0)
     wall = record.get("wall_time_s", 0.0)
+    # A stop checked once per interval overshoots its budget a little: not past 100%.
     if stop.env_frames:
-        parts.append(f"{frames / stop.env_frames:.0%} of {stop.env_frames:,} frames")
+        parts.append(f"{min(1.0, frames / stop.env_frames):.0%} of {stop.env_frames:,} frames")
         if frames > 0 and wall > 0:
             left.append(max(0.0, stop.env_frames - frames) * wall / frames)
     if stop.wall_time_s:
-        parts.append(f"{wall / stop.wall_time_s:.0%} of {stop.wall_time_s:g} s")
+        parts.append(f"{min(1.0, wall / stop.wall_time_s):.0%} of {stop.wall_time_s:g} s")
         left.append(max(0.0, stop.wall_time_s - wall))
     if stop.episode_return_mean is not None and "episode_return_mean" in record:
         parts.append(f"return {record['episode_return_mean']:.1f} of {stop.episode_return_mean:g}")
     if left:
         minutes, seconds = divmod(int(min(left)), 60)
-        parts.append(f"~{minutes // 60}h{minutes % 60:02d}m{seconds:02d}s left")
+        # A return target may end the run sooner: the budgets' time left is then a bound.
+        bound = "at most " if stop.episode_return_mean is not None else ""
+        parts.append(f"{bound}~{minutes // 60}h{minutes % 60:02d}m{seconds:02d}s left")
     return ", ".join(parts)
 
 
@@ -124,7 +131,7 @@ class Reporter:
         self.stop = stop
         self.rows = [(k, label.format(window=return_window), f) for k, label, f in DISPLAY_ROWS]
         self.return_window = return_window
-        self._breakdown_at = 0.0  # wall_time_s of the plain display's last breakdown line
+        self._breakdown_at = -math.inf  # wall_time_s of the plain display's last breakdown
         self.records = read_records(logdir / "metrics.jsonl")  # a resumed run appends
         self._jsonl = open(logdir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when reporting
@@ -159,7 +166,7 @@ class Reporter:
             wall = record.get("wall_time_s", 0.0)
             if wall - self._breakdown_at >= PLAIN_BREAKDOWN_EVERY_S:
                 self._breakdown_at = wall
-                print(self._line(record, self.rows[9:], "time: "), flush=True)
+                print(self._line(record, self.rows[PLAIN_LINE_ROWS:], "time: "), flush=True)
 
     def message(self, text: str) -> None:
         if self._live is not None:
@@ -184,7 +191,7 @@ class Reporter:
         rows: list[tuple[str, str, str]] | None = None,
         prefix: str = "",
     ) -> str:
-        rows = self.rows[:6] if rows is None else rows
+        rows = self.rows[:PLAIN_LINE_ROWS] if rows is None else rows
         parts = [f"{label}={fmt.format(record[key])}" for key, label, fmt in rows if key in record]
         if self.stop is not None and not prefix:
             parts.append(progress_text(record, self.stop))
