@@ -8,6 +8,7 @@ job; its runners spread over the nodes), as each Ray start costs seconds on two 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import socket
@@ -118,28 +119,12 @@ def _wait_for_job_api(address: str) -> None:
     raise TimeoutError(f"no job API at {address} after 60 tries")
 
 
-def test_ray_job_submit_runs_a_spec_with_runners_on_both_nodes(ray_cluster, tmp_path):
-    logdir = tmp_path / "runs"
+def _submit(address: str, *command: str) -> None:
+    """`ray job submit --working-dir <repo> -- rlfabric ...` to the cluster, to its end."""
     submit = subprocess.run(
         [
-            str(BIN / "ray"),
-            "job",
-            "submit",
-            "--address",
-            ray_cluster,
-            "--working-dir",
-            str(ROOT),
-            "--",
-            "rlfabric",
-            "train",
-            "examples/specs/cartpole_seed_vtrace.yaml",
-            "run.stop.env_frames=20000",
-            "resources.num_env_runners=2",
-            "resources.learner_cpus=0.5",
-            "resources.cpus_per_env_runner=0.5",
-            f"run.logdir={logdir}",
-            "run.name=job",
-            "run.display=plain",
+            *(str(BIN / "ray"), "job", "submit", "--address", address),
+            *("--working-dir", str(ROOT), "--", "rlfabric", *command),
         ],
         env=loopback_env(),
         capture_output=True,
@@ -147,8 +132,42 @@ def test_ray_job_submit_runs_a_spec_with_runners_on_both_nodes(ray_cluster, tmp_
         timeout=600,
     )
     assert "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-3000:]
+
+
+def test_ray_job_submit_runs_a_spec_with_runners_on_both_nodes_and_a_search(ray_cluster, tmp_path):
+    logdir = tmp_path / "runs"
+    _submit(
+        ray_cluster,
+        "train",
+        "examples/specs/cartpole_seed_vtrace.yaml",
+        "run.stop.env_frames=20000",
+        "resources.num_env_runners=2",
+        "resources.learner_cpus=0.5",
+        "resources.cpus_per_env_runner=0.5",
+        f"run.logdir={logdir}",
+        "run.name=job",
+        "run.display=plain",
+    )
     records = (logdir / "job" / "metrics.jsonl").read_text().splitlines()
     last = json.loads(records[-1])
     assert last["env_frames"] >= 20_000
     assert last["runner_nodes"] == 2
     assert list((logdir / "job" / "checkpoints").glob("ckpt_*.pt"))
+
+    # `-- rlfabric tune`: the search joins the cluster (one cluster for both: its start
+    # is the slow part), and its trials' placement groups fit the cluster's CPUs.
+    _submit(
+        ray_cluster,
+        "tune",
+        "examples/specs/cartpole_seed_vtrace.yaml",
+        "tune.num_samples=1",
+        "tune.scheduler.name=fifo",
+        "tune.search.algo.lr={grid: [0.001, 0.003]}",
+        "run.stop.env_frames=10000",
+        f"run.logdir={logdir}",
+        "run.name=search",
+    )
+    with (logdir / "search" / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(float(row["algo.lr"]) for row in rows) == [0.001, 0.003]
+    assert all(row["status"].startswith("done") for row in rows), rows

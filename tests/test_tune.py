@@ -248,10 +248,13 @@ def test_pbt_exploit_copies_the_donor_and_perturbs_only_searched_values(ray_sess
         assert differ <= {"algo.lr", "algo.entropy_cost", "run.name"}, differ
 
 
-def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfinished(tmp_path):
+def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfinished(
+    ray_session, tmp_path
+):
     """Ctrl-C in the middle of the second of two trials (one at a time): the second
     ends with a final checkpoint, `--resume` finishes it from there and leaves the
-    first alone."""
+    first alone. Both commands join the session's Ray (`--address`), as on a cluster."""
+    address = ["--address", ray_session.get_runtime_context().gcs_address]
     spec = tmp_path / "search.yaml"
     spec.write_text(
         yaml.safe_dump(
@@ -264,14 +267,14 @@ def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfin
                     "max_concurrent_trials": 1,
                     "scheduler": {"name": "fifo"},
                     # in this order: a short first trial, a second long enough to interrupt
-                    "search": {"run.stop.env_frames": {"grid": [2_000, 60_000]}},
+                    "search": {"run.stop.env_frames": {"grid": [2_000, 30_000]}},
                 },
             }
         )
     )
     cli = [sys.executable, "-m", "rlfabric.platform.cli", "tune"]
     proc = subprocess.Popen(
-        [*cli, str(spec)],
+        [*cli, str(spec), *address],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -289,7 +292,7 @@ def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfin
 
     deadline = time.time() + 180
     while time.time() < deadline:
-        metrics = trials().get(60_000, tmp_path / "none") / "metrics.jsonl"
+        metrics = trials().get(30_000, tmp_path / "none") / "metrics.jsonl"
         if metrics.is_file() and metrics.stat().st_size:
             break
         time.sleep(0.2)
@@ -297,13 +300,13 @@ def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfin
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err
     assert f"rlfabric tune --resume {folder}" in err
-    first, second = trials()[2_000], trials()[60_000]
+    first, second = trials()[2_000], trials()[30_000]
     assert "search interrupted" in (second / "run.log").read_text()
     assert list((second / "checkpoints").glob("ckpt_*.pt"))
     first_log = (first / "run.log").read_text()
 
     done = subprocess.run(
-        [*cli, "--resume", str(folder)], capture_output=True, text=True, timeout=300
+        [*cli, "--resume", str(folder), *address], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert (first / "run.log").read_text() == first_log  # finished: not run again
