@@ -229,10 +229,11 @@ def test_pbt_exploit_copies_the_donor_and_perturbs_only_searched_values(ray_sess
         for entry in lineage:
             assert entry["donor"] != trial and set(entry["config"]) == set(search)
             assert 1e-3 <= entry["config"]["algo.lr"] <= 1e-2  # explore keeps the range
-            assert (
-                f"resumed from {entry['checkpoint']} at {entry['env_frames']:,} env frames"
-                in (folder / trial / "run.log").read_text()
-            )
+            # the run went on from the donor's checkpoint (or, given one at the frame
+            # budget, said it had nothing left to train)
+            log = (folder / trial / "run.log").read_text()
+            at = f"{entry['checkpoint']} at {entry['env_frames']:,} env frames"
+            assert f"resumed from {at}" in log or f"at {entry['checkpoint']} already" in log
         last = lineage[-1] if lineage else None
         if last is None:
             continue
@@ -309,7 +310,8 @@ def test_interrupt_stops_trials_with_a_checkpoint_and_resume_runs_only_the_unfin
         [*cli, "--resume", str(folder), *address], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert (first / "run.log").read_text() == first_log  # finished: not run again
+    # finished (and one trial at a time: it was, before the second started): not run again
+    assert (first / "run.log").read_text() == first_log
     assert "resumed from ckpt_" in (second / "run.log").read_text()
     rows = list(csv.DictReader((folder / "trials.csv").open()))
     assert sorted(float(r["env_frames"]) >= float(r["run.stop.env_frames"]) for r in rows) == [

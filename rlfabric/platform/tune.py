@@ -248,14 +248,24 @@ class _Trial(tune.Trainable):
         if self.thread is None:
             self._start()
         record = self.pending if self.pending is not None else self._next()
-        if record.get("done"):  # the run ended before reporting the metric: Tune needs one
-            return {**record, self.plan.metric: self.plan.worst}
+        if record.get("done"):  # the run ended before handing Tune a record with the metric
+            return self._final(record)
         following = self._next()
         if following.get("done"):
             self.pending = None
             return {**record, **following}
         self.pending = following
         return record
+
+    def _final(self, done: dict[str, Any]) -> dict[str, Any]:
+        """The end of a run that reported nothing to Tune: its last metrics (a run resumed
+        at its budget trains nothing and ends at once), the metric at last place if it
+        never had one; Tune's schedulers need the metric and env frames in every result."""
+        last = self.result.metrics if self.result is not None else {}
+        result = {k: v for k, v in last.items() if _finite(v)}
+        result.setdefault(self.plan.metric, self.plan.worst)
+        result.setdefault("env_frames", 0)
+        return {**result, **done}
 
     def _next(self) -> dict[str, Any]:
         item = self.records.get()  # after an interruption: never, until Tune ends the actor
@@ -417,7 +427,10 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
                     metric=config.metric,
                     mode=config.mode,
                     scheduler=scheduler,
-                    search_alg=BasicVariantGenerator(random_state=config.seed),
+                    # Tune applies max_concurrent_trials only to the searcher it makes
+                    search_alg=BasicVariantGenerator(
+                        max_concurrent=at_once, random_state=config.seed
+                    ),
                     num_samples=config.num_samples,
                     max_concurrent_trials=at_once,
                     reuse_actors=False,  # an exploit starts the trial's run anew
