@@ -427,9 +427,11 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
                     metric=config.metric,
                     mode=config.mode,
                     scheduler=scheduler,
-                    # Tune applies max_concurrent_trials only to the searcher it makes
+                    # Tune applies max_concurrent_trials only to the searcher it makes;
+                    # 0 (no limit of its own) unless the user set one
                     search_alg=BasicVariantGenerator(
-                        max_concurrent=at_once, random_state=config.seed
+                        max_concurrent=config.max_concurrent_trials or 0,
+                        random_state=config.seed,
                     ),
                     num_samples=config.num_samples,
                     max_concurrent_trials=at_once,
