@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,6 +176,58 @@ def test_resume_from_a_given_checkpoint_starts_from_its_weights_with_the_new_lr(
         assert {group["lr"] for group in optimizer.param_groups} == {0.0123}
     finally:
         arch.stop()
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_synch_pbt_runs_a_paused_trial_when_all_stand_at_the_sync_point(running):
+    """Ray's synchronous PBT set the next sync point to the frames of a donor that went
+    past one interval, and its exploiter took the same frames: both paused trials stood
+    at the point, none below it, and the search waited forever (seen once in the suite).
+    With a trial still running, the paused ones wait for it as before."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers.pbt import PopulationBasedTraining, _PBTTrialState
+
+    from rlfabric.platform.tune import _PBT
+
+    class FakeTrial:
+        PENDING, PAUSED, RUNNING = Trial.PENDING, Trial.PAUSED, Trial.RUNNING
+        experiment_tag = ""
+
+        def __init__(self, status: str) -> None:
+            self.status = status
+
+    class FakeController:
+        def __init__(self, trials: list[FakeTrial]) -> None:
+            self.trials = trials
+
+        def get_trials(self) -> list[FakeTrial]:
+            return self.trials
+
+    def after_overshoot(kind: type) -> tuple[Any, list[FakeTrial]]:
+        trials = [FakeTrial(Trial.PAUSED), FakeTrial(Trial.PAUSED)]
+        if running:
+            trials.append(FakeTrial(Trial.RUNNING))
+        pbt = kind(
+            time_attr="env_frames",
+            perturbation_interval=2_000,
+            hyperparam_mutations={"algo.lr": [1e-3, 1e-2]},
+            synch=True,
+        )
+        for trial in trials:
+            pbt._trial_state[trial] = _PBTTrialState(trial)
+            pbt._trial_state[trial].last_train_time = 4_500  # the donor's frames, copied
+        pbt._next_perturbation_sync = 4_500  # max(2,000 + 2,000, 4,500)
+        return pbt, trials
+
+    stock, trials = after_overshoot(PopulationBasedTraining)
+    assert stock.choose_trial_to_run(FakeController(trials)) is None  # Ray's stall
+    pbt, trials = after_overshoot(_PBT)
+    chosen = pbt.choose_trial_to_run(FakeController(trials))
+    if running:
+        assert chosen is None
+    else:
+        assert chosen in trials[:2]
+        assert pbt._next_perturbation_sync == 4_501
 
 
 def test_pbt_exploit_copies_the_donor_and_perturbs_only_searched_values(ray_session, tmp_path):

@@ -204,8 +204,12 @@ class Algorithm(ABC):
         if fraction is None:
             return
         scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
+        self.set_lr(self.cfg.lr * scale)
+
+    def set_lr(self, lr: float) -> None:
+        """Every optimizer's learning rate (the off-policy algorithms have several)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * scale
+            group["lr"] = lr
 
     def update_obs_stats(self, obs: Tensor) -> None:
         """Merge a training batch's observations into the running statistics, if any.
@@ -263,8 +267,7 @@ class Algorithm(ABC):
         self.optimizer.load_state_dict(state["optimizer"])
         # The spec's lr, not the saved one: a run resumed with another algo.lr (a PBT
         # exploit, an override) trains with it; `set_progress` applies the schedule.
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr
+        self.set_lr(self.cfg.lr)
         self.load_sparse_state(state)
 
     # -- sparse training (RLx2) ---------------------------------------------

@@ -333,14 +333,11 @@ class OffPolicyAlgorithm(Algorithm):
         """`update()` calls in `agent_steps`: `updates_per_step` per step after the warm-up."""
         return int(max(0, agent_steps - self.cfg.warmup_steps) * self.cfg.updates_per_step)
 
-    def set_progress(self, env_frames: int, fraction: float | None) -> None:
-        """Anneal every optimizer's lr if `lr_schedule` is linear."""
-        if fraction is None:
-            return
-        scale = max(0.0, 1.0 - fraction) if self.cfg.lr_schedule == "linear" else 1.0
+    def set_lr(self, lr: float) -> None:
+        """Actor, critic and (SAC) temperature optimizers all take the one `algo.lr`."""
         for optimizer in self.optimizers.values():
             for group in optimizer.param_groups:
-                group["lr"] = self.cfg.lr * scale
+                group["lr"] = lr
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors, ints and floats only, so that `torch.load(weights_only=True)` reads it."""
@@ -370,8 +367,7 @@ class OffPolicyAlgorithm(Algorithm):
             module.load_state_dict(state["networks"][key])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][key])
-            for group in optimizer.param_groups:  # the spec's lr, as the base class
-                group["lr"] = self.cfg.lr
+        self.set_lr(self.cfg.lr)  # the spec's lr, not the saved one (as the base class)
         self.updates = int(state["updates"])
         self.load_sparse_state(state)
 

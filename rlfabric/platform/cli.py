@@ -28,55 +28,27 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
-
-from pydantic import BaseModel
+from typing import Any
 
 from rlfabric.errors import ActorError, RLFabricError
 
 
-def describe_fields(model: type[BaseModel], prefix: str) -> list[str]:
-    """`prefix.field (type, default X): description` for every field, recursively."""
-    lines = []
-    for name, info in model.model_fields.items():
-        key = f"{prefix}.{info.alias or name}" if prefix else (info.alias or name)
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            lines += describe_fields(annotation, key)
-            continue
-        if get_origin(annotation) is Literal:
-            type_name = "one of " + "|".join(str(a) for a in get_args(annotation))
-        else:
-            type_name = getattr(annotation, "__name__", None) or str(annotation)
-        default = info.get_default(call_default_factory=True)
-        lines.append(f"  {key} ({type_name}, default {default!r}): {info.description or ''}")
-    return lines
-
-
 def spec_reference() -> str:
-    """Every field of every section, with registered algorithms and architectures."""
-    from rlfabric.algorithms import ALGORITHMS
-    from rlfabric.architectures import ARCHITECTURES
-    from rlfabric.platform.spec import ExperimentSpec, TuneConfig
+    """Every field of every section, with registered algorithms and architectures (the
+    same walk as docs/reference/spec.md, as plain text for --help)."""
+    from rlfabric.platform.reference import fields, spec_sections
 
     lines = ["spec fields (override any with section.field=value):"]
-    for section, info in ExperimentSpec.model_fields.items():
-        if section == "algo":
-            for name, cls in ALGORITHMS.items():
-                lines.append(f" algo: {name}")
-                lines += describe_fields(cls.config_cls, "algo")
-        elif section == "arch":
-            for name, cls in ARCHITECTURES.items():
-                lines.append(f" arch: {name}")
-                lines += describe_fields(cls.config_cls, "arch")
-        elif section == "tune":  # optional: only a search has one
-            lines.append(f" tune: {info.description}")
-            lines += describe_fields(TuneConfig, "tune")
-        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
-            lines.append(f" {section}: {info.description}")
-            lines += describe_fields(info.annotation, section)
-        else:  # a top-level field (preset)
-            lines.append(f" {section} (default {info.default!r}): {info.description}")
+    for heading, description, model, section in spec_sections():
+        if model is None:  # a top-level field (preset)
+            lines.append(f" {heading}: {description}")
+            continue
+        # a registered name ("algo: vtrace") is its own heading; a section has a line
+        lines.append(f" {heading}" if heading != section else f" {heading}: {description}")
+        lines += [
+            f"  {key} ({kind}, default {default!r}): {text}"
+            for key, kind, default, text in fields(model, section)
+        ]
     return "\n".join(lines)
 
 

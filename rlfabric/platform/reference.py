@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -43,23 +44,27 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def field_rows(model: type[BaseModel], prefix: str) -> list[str]:
-    """Markdown table rows of `model`'s fields, nested sections flattened (`env.atari.x`)."""
-    rows = []
+def fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, description) of `model`'s fields, nested sections
+    flattened (`env.atari.x`), keys as users write them (a field's alias: `lambda`)."""
     for name, info in model.model_fields.items():
         key = f"{prefix}.{info.alias or name}"
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows += field_rows(annotation, key)
+            yield from fields(annotation, key)
             continue
         default = info.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
             default = default.model_dump()
-        rows.append(
-            f"| `{key}` | {_cell(type_name(annotation))} | `{_cell(repr(default))}` | "
-            f"{_cell(info.description or '')} |"
-        )
-    return rows
+        yield key, type_name(annotation), default, info.description or ""
+
+
+def field_rows(model: type[BaseModel], prefix: str) -> list[str]:
+    """Markdown table rows of `model`'s fields."""
+    return [
+        f"| `{key}` | {_cell(kind)} | `{_cell(repr(default))}` | {_cell(description)} |"
+        for key, kind, default, description in fields(model, prefix)
+    ]
 
 
 def _table(model: type[BaseModel], prefix: str) -> list[str]:
@@ -70,11 +75,32 @@ def _table(model: type[BaseModel], prefix: str) -> list[str]:
     ]
 
 
+def spec_sections() -> Iterator[tuple[str, str, type[BaseModel] | None, str]]:
+    """(heading, description, model, prefix) for each part of a spec, in order: a
+    section, each registered algorithm and architecture on its own, the top-level
+    `preset` (no model). `rlfabric train --help` and the reference page both walk this."""
+    from rlfabric.algorithms import ALGORITHMS
+    from rlfabric.architectures import ARCHITECTURES
+    from rlfabric.platform.spec import ExperimentSpec, TuneConfig
+
+    for section, info in ExperimentSpec.model_fields.items():
+        if section in ("algo", "arch"):
+            registry = ALGORITHMS if section == "algo" else ARCHITECTURES
+            for name, cls in registry.items():
+                doc = (cls.config_cls.__doc__ or "").strip().split("\n\n")[0]
+                yield f"{section}: {name}", " ".join(doc.split()), cls.config_cls, section
+        elif section == "tune":  # optional: only a search has one
+            yield section, info.description or "", TuneConfig, section
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield section, info.description or "", info.annotation, section
+        else:  # a top-level field (preset)
+            yield section, f"default {info.default!r}: {info.description}", None, section
+
+
 def spec_markdown() -> str:
     """The spec reference page."""
     from rlfabric.algorithms import ALGORITHMS
     from rlfabric.architectures import ARCHITECTURES
-    from rlfabric.platform.spec import ExperimentSpec, TuneConfig
 
     lines = [
         _GENERATED,
@@ -87,29 +113,27 @@ def spec_markdown() -> str:
         "out before the defaults apply (`rlfabric spec show SPEC` prints where each value "
         "came from).",
     ]
-    for section, info in ExperimentSpec.model_fields.items():
-        lines += ["", f"## {section}", ""]
-        if section in ("algo", "arch"):
-            registry = ALGORITHMS if section == "algo" else ARCHITECTURES
-            lines.append(
-                f"`{section}: NAME` or a mapping with `name`; each name has its own fields: "
-                + ", ".join(f"[{name}](#{section}-{name})" for name in registry)
-                + "."
-            )
-            for name, cls in registry.items():
-                lines += ["", f"### {section}: {name}", ""]
-                doc = (cls.config_cls.__doc__ or "").strip().split("\n\n")[0]
-                if doc:
-                    lines += [" ".join(doc.split()), ""]
-                lines += _table(cls.config_cls, section)
-        elif section == "tune":
-            lines += [info.description or "", ""]
-            lines += _table(TuneConfig, section)
-        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
-            lines += [info.description or "", ""]
-            lines += _table(info.annotation, section)
+    registries = {"algo": ALGORITHMS, "arch": ARCHITECTURES}
+    headed: set[str] = set()
+    for heading, description, model, section in spec_sections():
+        registry = registries.get(section)
+        if registry is not None:
+            if section not in headed:  # one heading over the section's registered names
+                headed.add(section)
+                lines += ["", f"## {section}", ""]
+                lines.append(
+                    f"`{section}: NAME` or a mapping with `name`; each name has its own "
+                    "fields: "
+                    + ", ".join(f"[{name}](#{section}-{name})" for name in registry)
+                    + "."
+                )
+            lines += ["", f"### {heading}", ""]
+            lines += [description, ""] if description else []
         else:
-            lines.append(f"`{info.default!r}` by default: {info.description}")
+            lines += ["", f"## {heading}", "", description]
+            lines += [""] if model is not None else []
+        if model is not None:
+            lines += _table(model, section)
     return "\n".join(lines) + "\n"
 
 
@@ -120,47 +144,35 @@ def cli_markdown(parser: argparse.ArgumentParser | None = None) -> str:
 
         parser = _parser()
     lines = [_GENERATED, "", "# Command line", "", parser.description or "", ""]
-    for name, sub in _subcommands(parser):
-        lines += _command(f"{parser.prog} {name}", sub)
-        for inner, deeper in _subcommands(sub):
-            lines += _command(f"{parser.prog} {name} {inner}", deeper)
+    for name, sub, summary in _subcommands(parser):
+        lines += _command(f"{parser.prog} {name}", sub, summary)
+        for inner, deeper, inner_summary in _subcommands(sub):
+            lines += _command(f"{parser.prog} {name} {inner}", deeper, inner_summary)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+def _subcommands(
+    parser: argparse.ArgumentParser,
+) -> list[tuple[str, argparse.ArgumentParser, str]]:
+    """(name, parser, the help line its parent gives it) of each subcommand."""
     found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            found += list(action.choices.items())
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            found += [(name, sub, helps.get(name, "")) for name, sub in action.choices.items()]
     return found
 
 
-def _command(title: str, parser: argparse.ArgumentParser) -> list[str]:
-    helps = {
-        choice.dest: choice.help
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for choice in action._choices_actions
-    }
+def _command(title: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
     usage = " ".join(parser.format_usage().split())  # one line, without argparse's wrapping
-    lines = [
-        "",
-        f"## `{title}`",
-        "",
-        parser.description or _summary(title),
-        "",
-        "```",
-        usage,
-        "```",
-        "",
-    ]
+    heading = parser.description or (summary.rstrip(".") + "." if summary else "")
+    lines = ["", f"## `{title}`", "", heading, "", "```", usage, "```", ""]
     rows = []
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue
         if isinstance(action, argparse._SubParsersAction):
-            for choice in action.choices:
-                rows.append(f"| `{choice}` | {_cell(helps.get(choice) or '')} | |")
+            rows += [f"| `{name}` | {_cell(help)} | |" for name, _, help in _subcommands(parser)]
             continue
         name = ", ".join(action.option_strings) or action.dest
         default = "" if action.default in (None, [], False) else f"`{action.default}`"
@@ -168,22 +180,6 @@ def _command(title: str, parser: argparse.ArgumentParser) -> list[str]:
     if rows:
         lines += ["| argument | meaning | default |", "|---|---|---|", *rows]
     return lines
-
-
-def _summary(title: str) -> str:
-    """The help line the parent parser gives the command."""
-    from rlfabric.platform.cli import _parser
-
-    parser: argparse.ArgumentParser = _parser()
-    words = title.split()[1:]
-    for word in words[:-1]:
-        parser = dict(_subcommands(parser))[word]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:
-                if choice.dest == words[-1]:
-                    return (choice.help or "").rstrip(".") + "."
-    return ""
 
 
 PAGES = {"spec.md": spec_markdown, "cli.md": cli_markdown}

@@ -53,7 +53,7 @@ RATE_WINDOW_S = 30.0
 PLAIN_BREAKDOWN_EVERY_S = 30.0
 #: The plain display's every-interval line: DISPLAY_ROWS up to the entropy; the rest
 #: (where the time goes) is its breakdown line.
-PLAIN_LINE_ROWS = 10
+PLAIN_LINE_ROWS = 1 + [key for key, _, _ in DISPLAY_ROWS].index("entropy")
 
 
 def progress_text(record: dict[str, Any], stop: StopConfig) -> str:

@@ -565,7 +565,7 @@ def _scheduler(config: TuneConfig, spec: ExperimentSpec, env_info: EnvInfo) -> T
             max_t=budget,
             reduction_factor=config.scheduler.reduction_factor,
         )
-    return PopulationBasedTraining(
+    return _PBT(
         time_attr="env_frames",
         perturbation_interval=frames,
         hyperparam_mutations={
@@ -578,6 +578,32 @@ def _scheduler(config: TuneConfig, spec: ExperimentSpec, env_info: EnvInfo) -> T
         custom_explore_fn=lambda values: _within_bounds(values, config),
         log_config=False,  # the lineage goes to each trial's run folder
     )
+
+
+class _PBT(PopulationBasedTraining):
+    """Ray's PBT, with its synchronous mode unable to stall.
+
+    After a synchronous perturbation Ray sets the next sync point to the furthest trial's
+    frames when that trial went past one interval (frames arrive per report, not per
+    frame), and a trial that exploited it takes its frames too. Then every paused trial
+    stands at the sync point and none is below it, which is what Ray requires to run one
+    again: the search waited forever with all trials paused (seen in the test suite).
+    Here, when nothing runs and no paused trial qualifies, the sync point moves just past
+    the paused trials, so they go on and meet at the next interval as usual.
+    """
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is not None or not self._synch:
+            return trial
+        trials = tune_controller.get_trials()
+        waiting = [t for t in trials if t.status in (t.PENDING, t.PAUSED)]
+        if not waiting or any(t.status == t.RUNNING for t in trials):
+            return None  # the running trials will reach the sync point
+        self._next_perturbation_sync = 1 + max(
+            self._trial_state[t].last_train_time for t in waiting
+        )
+        return super().choose_trial_to_run(tune_controller)
 
 
 def _within_bounds(values: dict[str, Any], config: TuneConfig) -> dict[str, Any]:
