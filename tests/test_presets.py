@@ -95,6 +95,13 @@ def test_atari_names_only_clip_rewards_as_the_references(algo):
     assert ExperimentSpec.build({"algo": algo, "env": "CartPole-v1"}).algo.reward_clip is None
 
 
+def test_sac_on_mujoco_runs_bf16_where_the_device_has_it():
+    # Measured on HalfCheetah: the same return, 1.54x the speed. Pendulum's 2x64 nets stay
+    # fp32 (not measured there), and `auto` itself is fp32 without native bf16.
+    assert ExperimentSpec.build({"algo": "sac", "env": "HalfCheetah-v5"}).model.precision == "auto"
+    assert ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1"}).model.precision == "fp32"
+
+
 def test_preset_none_gives_the_paper_defaults():
     spec = ExperimentSpec.build({"algo": "vtrace", "preset": "none"})
     assert (spec.algo.optimizer, spec.algo.lr, spec.algo.unroll_length) == ("rmsprop_tf", 6e-4, 20)
