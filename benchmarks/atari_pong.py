@@ -12,7 +12,7 @@ and `atari_pong_10m.png`: every run's curve to 10M frames, with the published fi
 at 10M (REFERENCES.md) as markers. A run longer than 10M frames has its wall time at
 10M estimated from its average frames/s. Results written before `reproduce.py` recorded
 the CPU's bf16 flag and the resolved spec ran on this project's reference machine (2
-cores, AVX512-BF16 and AMX; BENCHMARKS.md); their spec is rebuilt from the
+cores, AVX512-BF16 and AMX; docs/experiments/atari-pong.md); their spec is rebuilt from the
 reproduction's definition.
 
     python benchmarks/atari_pong.py

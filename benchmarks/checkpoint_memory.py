@@ -1,4 +1,4 @@
-"""The driver's peak memory while it checkpoints a full replay buffer (issue 13, item 10).
+"""The driver's peak memory while it checkpoints a full replay buffer.
 
 A learner actor (`LearnerProcess`, SAC) gets a replay buffer of --mib MiB
 filled with synthetic transitions (4096-float observations, so that few

@@ -1,6 +1,6 @@
 """How many ReLU units of an Atari checkpoint's torso never fire on a sample of frames.
 
-A diagnostic for the Pong runs (BENCHMARKS.md, "Pong with SEED + V-trace"): a
+A diagnostic for the Pong runs (docs/experiments/atari-pong.md, "Pong with SEED + V-trace"): a
 unit whose output is 0 on every frame passes no gradient, so a torso that
 lost most of its units early learns slowly or not at all. The frames come
 from random play (8 envs, every 10th of 300 steps: 240 frames), the same for

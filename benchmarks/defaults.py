@@ -11,7 +11,7 @@ the exit status is 1 if a row missed.
     python benchmarks/defaults.py                                  # the whole matrix
     python benchmarks/defaults.py --envs CartPole-v1 --archs seed --algos vtrace --seeds 1
     python benchmarks/defaults.py --envs CartPole-v1 --algos vtrace,a3c,ppo \
-        --json benchmarks/results/defaults_cartpole.json             # issue 10's matrix:
+        --json benchmarks/results/defaults_cartpole.json             # the names-only matrix:
     python benchmarks/defaults.py --envs Pendulum-v1 --algos sac,td3 \
         --json benchmarks/results/defaults_pendulum_offpolicy.json   # its two envs
 
@@ -51,7 +51,7 @@ ON_POLICY = ("vtrace", "a3c", "ppo")
 OFF_POLICY = ("sac", "td3")
 ALL_ARCHS = tuple(ARCHITECTURES)
 
-#: Issue 10's acceptance matrix: every classic-control id, and a short look at
+#: The names-only acceptance matrix: every classic-control id, and a short look at
 #: the Atari and MuJoCo presets (their learning runs are benchmarks/reproduce.py's).
 TARGETS = [
     Target("CartPole-v1", ON_POLICY, ALL_ARCHS, 475.0, 100, 1_000_000, {("seed", "vtrace"): 20.0}),

@@ -12,7 +12,7 @@ with each variant's evaluation mean as % of dense (positive-return envs).
 Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/85):
   dense   no sparsity
   dense_bf16  no sparsity, every network's matmuls under bfloat16 autocast
-          (`model.precision: bf16`; issue 12 asks that learning not change with it)
+          (`model.precision: bf16`; learning must not change with it)
   rlx2    RigL topology + delayed 3-step targets + dynamic-capacity buffer (RLx2)
   rigl    RigL topology only (1-step targets, plain buffer)
   set     SET topology (random growth) only
@@ -30,7 +30,7 @@ for TD3, 200k-3M for SAC). With --scale they are scaled to this run's length,
 keeping their proportions: 100 topology updates per run, 3-step targets after
 30% of it, 100 buffer checks, a floor of 10% of the run's steps. With
 --paper-steps N every one of them (and the buffer's upper bound) is multiplied
-by the same factor, --max-steps / N (issue 12: 300k of the paper's 3M steps,
+by the same factor, --max-steps / N (the HalfCheetah runs: 300k of the paper's 3M steps,
 0.1), except `rlx2_paper_buffer`'s buffer settings; the end of the drop-fraction
 schedule is the run's last update either way.
 
@@ -61,7 +61,7 @@ naming the ones still missing.
         --variants dense,rlx2,rigl,set,static,rlx2_no_nstep,rlx2_no_buffer --seeds 0 1 \\
         --max-steps 300000 --paper-steps 3000000 --thresholds --jobs 2 \\
         --logdir runs/rlx2_300k --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
-    # SAC's learning under fp32 and bf16 (issue 12, part 1), 100k steps, two seeds each
+    # SAC's learning under fp32 and bf16 100k steps, two seeds each
     python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos sac --variants dense_bf16,dense \\
         --seeds 0 1 --max-steps 100000 --thresholds --jobs 2 --logdir runs/precision \\
         --json benchmarks/results/sac_halfcheetah_precision_100k.json

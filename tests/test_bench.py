@@ -147,7 +147,7 @@ def test_offpolicy_rlx2_ablations_each_leave_out_one_part_of_rlx2(monkeypatch):
 
     sparse = {"sparse.actor=0.9", "sparse.critic=0.85", "sparse.method=rigl"}
     cases = [
-        # issue 12's 300k runs: every entry of RLx2's schedule x 0.1
+        # the 300k-step HalfCheetah runs: every entry of RLx2's schedule x 0.1
         (
             {"max_steps": 300_000, "paper_steps": 3_000_000, "scale": False},
             sparse | {"sparse.delta=1000"},

@@ -14,7 +14,8 @@ from rlfabric import Platform
 from rlfabric.platform.checkpoint import load_checkpoint
 from rlfabric.platform.evaluate import evaluate, load_policy
 
-#: Pendulum settings that learn within seconds (BENCHMARKS.md has the default-settings runs).
+#: Pendulum settings that learn within seconds (the default-settings runs:
+#: docs/experiments/off-policy.md).
 FAST = {"hidden": [64, 64], "lr": 1e-3, "warmup_steps": 1000}
 PENDULUM = {"id": "Pendulum-v1", "num_envs": 2}
 

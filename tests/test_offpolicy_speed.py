@@ -1,4 +1,4 @@
-"""Issue 12's speed-ups of SAC/TD3 change no math: the ensemble critic equals separate
+"""The speed-ups of SAC/TD3 change no math: the ensemble critic equals separate
 critics (forward, gradients, sparse masks and FLOP figures), bf16 stays close to fp32 with
 float32 weights and exact masks, and learners default to their CPU share of threads."""
 

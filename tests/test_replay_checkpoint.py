@@ -1,4 +1,4 @@
-"""Issue 13, item 10: a checkpoint's replay contents never pass whole through the driver.
+"""A checkpoint's replay contents never pass whole through the driver.
 
 The process that holds the buffer (the learner's, or the replay actor's) writes
 them beside the checkpoint when it sees the checkpoint folder; otherwise the

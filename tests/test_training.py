@@ -12,7 +12,8 @@ import torch
 from rlfabric import Platform
 from rlfabric.platform.checkpoint import list_checkpoints, load_checkpoint
 
-#: CartPole settings that learn within a small budget (see BENCHMARKS.md for the full runs).
+#: CartPole settings that learn within a small budget (the full runs:
+#: docs/experiments/classic-control.md).
 FAST_VTRACE = {
     "name": "vtrace",
     "optimizer": "adam",

@@ -4,7 +4,7 @@ Critics: the clipped double Q of TD3 (Fujimoto et al. 2018, Section 4.2), which 
 shares, needs N = 2 Q networks on the same batch. `EnsembleQ` evaluates them as one
 network whose layers hold `[N, in, out]` weights and run one `torch.baddbmm` each, in
 place of N small matmuls in a row: one larger kernel per layer, which keeps two CPU
-threads busier (issue 12 measured a SAC update of the default size at 6.3 ms with two
+threads busier (measured here: a SAC update of the default size at 6.3 ms with two
 threads and separate critics, 3.7 ms with bf16 and the ensemble). `SeparateQ` loops over
 N ordinary MLPs, the layout of the references, kept as the baseline that
 `benchmarks/offpolicy_speed.py` compares against. Both map `(obs, action)` to Q values

@@ -13,7 +13,7 @@ their epsilons (0.01, 0.1) are TF's. Two things differ from `torch.optim.RMSprop
   settles over a few hundred steps.
 
 With the papers' values under torch's rules, a Nature-CNN on Pong lost most of
-its ReLU units in the first updates (BENCHMARKS.md, Pong with SEED + V-trace).
+its ReLU units in the first updates (docs/experiments/atari-pong.md, "Pong with SEED + V-trace").
 Stable-Baselines3 ships the same optimizer (`RMSpropTFLike`) for its A2C.
 """
 

@@ -1,7 +1,7 @@
 """The replay buffer's contents as a file beside a checkpoint, written where the buffer is.
 
 A replay buffer can hold a GiB. Shipped inside the learner's checkpoint state
-it crossed the object store and sat whole in the driver's memory (issue 13).
+it crossed the object store and sat whole in the driver's memory.
 Instead the process that holds the buffer writes its contents itself, as an
 `.npz` (one `.npy` member per field, stored, not compressed: numpy reads it
 with `np.load`, and zip's CRC-32 per member catches a damaged file):
