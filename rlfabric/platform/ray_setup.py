@@ -3,7 +3,9 @@
 By default an embedded Ray is started, bound to loopback: Ray's job API runs
 code for anyone who can reach it. Ray rewrites a node IP of 127.0.0.1 to the
 interface address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is in the
-environment, so it is set (if unset) before the embedded Ray starts. With
+environment, and it reads that variable once, when `ray` is imported: so it is set
+(if unset) for the processes the embedded Ray starts, and Ray's flag in this
+process follows it (`bind_loopback`). With
 `resources.address` or RAY_ADDRESS set (as under `ray job submit`), the run
 joins that cluster instead.
 """
@@ -18,6 +20,7 @@ import threading
 from collections.abc import Iterator
 
 import ray
+from ray._private import ray_constants
 
 from rlfabric.platform.spec import ResourcesConfig
 
@@ -33,7 +36,7 @@ def init_ray(resources: ResourcesConfig) -> bool:
         with _keep_sigterm_handler():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return True
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    bind_loopback()
     # Ray announces on every start that it chose token authentication (the safe
     # default): news once, noise on every run. Its warning that auth is off stays.
     auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
@@ -53,6 +56,21 @@ def init_ray(resources: ResourcesConfig) -> bool:
     finally:
         auth_log.removeFilter(_token_auth_enabled_notice)
     return True
+
+
+def bind_loopback() -> None:
+    """Keep the embedded Ray's node IP at 127.0.0.1, unless the user asked otherwise.
+
+    Ray resolves a node IP of 127.0.0.1 to the interface address when its cluster
+    flag is on, and it computed that flag from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    when `ray` was first imported: setting the variable afterwards (as a script that
+    imports ray, or rlfabric, before it starts a run does) left every Ray process
+    listening on the network. The variable reaches the processes Ray starts; the
+    flag is this process's copy of it (Ray exposes no public switch).
+    """
+    os.environ.setdefault(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")
+    if os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] == "0":
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 @contextlib.contextmanager
