@@ -69,12 +69,20 @@ def test_train_import_registers_the_users_env_in_every_process(tmp_path):
         "env: {id: MyCartPole-v0, num_envs: 4}\nresources: {num_cpus: 2}\n"
         f"run: {{logdir: {tmp_path}, name: mine, display: none, stop: {{env_frames: 1000}}}}\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "rlfabric.platform.cli", "train", "--import", "my_envs", str(spec)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr
+    # The console script, as a user runs it: its sys.path starts with the venv's bin, not
+    # the folder it runs in (`python -m` would put the folder there and hide that).
+    rlfabric = str(Path(sys.executable).parent / "rlfabric")
+
+    def cli(*args: str) -> str:
+        out = subprocess.run(
+            [rlfabric, *args], cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "MyCartPole-v0" in cli("spec", "show", "--import", "my_envs", str(spec))
+    cli("train", "--import", "my_envs", str(spec))
     assert list((tmp_path / "mine" / "checkpoints").glob("ckpt_*.pt"))
+    assert "MyCartPole-v0, greedy policy, 1 episodes" in cli(
+        "eval", "--import", "my_envs", str(tmp_path / "mine"), "--episodes", "1"
+    )

@@ -77,15 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "folder if it holds this spec's checkpoint, else start it (run.resume=auto)",
     )
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
-    train.add_argument(
-        "--import",
-        dest="imports",
-        metavar="MODULE",
-        action="append",
-        default=[],
-        help="import MODULE first (repeatable): it registers your own env ids with "
-        "gymnasium.register; env runners import it too, to make the envs",
-    )
+    _add_import(train)
     search = commands.add_parser(
         "tune",
         help="search the spec's `tune` section on Ray Tune; each trial is one run",
@@ -100,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         "trials from their newest checkpoints, finished ones not again",
     )
     search.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or embedded)")
+    _add_import(search)
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
     )
@@ -119,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         help="return for 'time to threshold' (default: the env's reward_threshold)",
     )
     bench.add_argument("--out", default="runs/bench", help="folder for runs, bench.json, bench.png")
+    _add_import(bench)
     evaluate = commands.add_parser("eval", help="evaluate a run's newest checkpoint")
     evaluate.add_argument("logdir", help="the run's folder (runs/<name>)")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per env")
@@ -127,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--video", action="store_true", help="record one more episode")
     evaluate.add_argument("--seed", type=int, default=1_000_003, help="seed of the eval envs")
+    _add_import(evaluate)
     export = commands.add_parser("export", help="export a run's policy to run without rlfabric")
     export.add_argument("logdir", help="the run's folder (runs/<name>)")
     export.add_argument(
@@ -135,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated: torchscript, onnx (needs the onnx package)",
     )
     export.add_argument("--out", help="output folder (default: <logdir>/export)")
+    _add_import(export)
     spec_cmd = commands.add_parser("spec", help="inspect specs")
     spec_sub = spec_cmd.add_subparsers(dest="spec_command", required=True)
     show = spec_sub.add_parser(
@@ -144,12 +140,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.add_argument("spec", help="YAML experiment spec")
     show.add_argument("overrides", nargs="*", help="dotted overrides")
+    _add_import(show)
     spec_sub.add_parser(
         "schema",
         help="print every spec field with its type, default and description (Markdown; "
         "docs/reference/spec.md)",
     )
     return parser
+
+
+def _add_import(parser: argparse.ArgumentParser) -> None:
+    """`--import MODULE` on every command that reads a spec or a run's folder."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE first (repeatable; from the current folder too): it registers "
+        "your own env ids with gymnasium.register; Ray's workers import it as they make "
+        "the envs",
+    )
+
+
+def _import_modules(modules: list[str]) -> None:
+    """Import the user's modules, looking in the current folder first as `python -m` does.
+
+    The `rlfabric` script's sys.path starts with its own bin folder, not the folder it is
+    run from, so `--import my_env` next to the spec failed without PYTHONPATH=. ; Ray's
+    workers already look in the driver's folder.
+    """
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise RLFabricError(f"--import {module}: {err}") from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -160,11 +187,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise RLFabricError(f"--import {module}: {err}") from None
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"resources.address={args.address}")
@@ -329,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[console])
     try:
+        _import_modules(getattr(args, "imports", []))
         return handlers[args.command](args)
     except RLFabricError as err:
         print(f"error: {err}", file=sys.stderr)
