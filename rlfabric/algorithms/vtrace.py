@@ -64,7 +64,8 @@ class VTraceConfig(ActorCriticConfig):
     )
     normalize_advantages: bool = Field(
         False,
-        description="normalise the pg advantages over each batch's valid steps (mean 0, std 1) "
+        description="normalise the pg advantages over each minibatch's valid steps (mean 0, "
+        "std 1; the whole batch when num_minibatches is 1) "
         "before their importance weight, as PPO does before its ratio; IMPALA does not. "
         "Weighs entropy_cost against a unit-scale advantage instead of the reward scale",
     )
