@@ -113,6 +113,29 @@ def test_ctrl_c_and_sigterm_write_a_final_checkpoint_and_exit(tmp_path, sig, arc
     assert list((tmp_path / "interrupted" / "checkpoints").glob("ckpt_*.pt"))
 
 
+def test_sigterm_ends_a_python_fit_with_a_final_checkpoint(tmp_path):
+    # A script's fit() under a scheduler's SIGTERM: no handler of its own, and a periodic
+    # checkpoint far off, so only the final one can be there.
+    script = (
+        "from rlfabric import Platform\n"
+        "Platform(arch='local', env={'id': 'CartPole-v1', 'num_envs': 8}, run={'logdir': "
+        f"{str(tmp_path)!r}, 'name': 'py', 'display': 'none', 'checkpoint_interval_s': 3600}})"
+        ".fit()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    metrics = tmp_path / "py" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert b"KeyboardInterrupt" in err  # what the script sees, as after Ctrl-C
+    assert "run interrupted (Ctrl-C or SIGTERM)" in (tmp_path / "py" / "run.log").read_text()
+    assert list((tmp_path / "py" / "checkpoints").glob("ckpt_*.pt"))
+
+
 @pytest.mark.parametrize(
     ("settings", "code", "message"),
     [

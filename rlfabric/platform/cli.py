@@ -23,7 +23,6 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
 import tempfile
 import traceback
@@ -179,11 +178,6 @@ def _import_modules(modules: list[str]) -> None:
             raise RLFabricError(f"--import {module}: {err}") from None
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM ends a run the way Ctrl-C does: final checkpoint, every actor stopped."""
-    raise KeyboardInterrupt
-
-
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
@@ -202,9 +196,8 @@ def _train(args: argparse.Namespace) -> int:
         platform = Platform.from_yaml(args.spec, overrides)
     else:
         raise RLFabricError("train needs a spec file or --resume LOGDIR")
-    signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop`, schedulers: as Ctrl-C
     try:
-        platform.fit()
+        platform.fit()  # SIGTERM (`ray job stop`, schedulers) ends it as Ctrl-C does
     except KeyboardInterrupt:
         print("interrupted: final checkpoint written, every actor stopped", file=sys.stderr)
         return 130

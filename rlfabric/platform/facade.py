@@ -43,7 +43,7 @@ from rlfabric.platform.checkpoint import (
     save_checkpoint,
 )
 from rlfabric.platform.evaluate import evaluate
-from rlfabric.platform.ray_setup import init_ray
+from rlfabric.platform.ray_setup import init_ray, sigterm_as_interrupt
 from rlfabric.platform.reporting import Reporter, read_records
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
 from rlfabric.runtime.learner import make_algorithm
@@ -260,7 +260,13 @@ class Platform:
         `on_record`, if given, receives a copy of each report interval's metrics record;
         a non-empty string it returns stops the run as a stop condition does (final
         checkpoint, that string as the reason): how a search's scheduler ends a trial.
+        SIGTERM ends the run as Ctrl-C does (final checkpoint; KeyboardInterrupt), unless
+        the program has a SIGTERM handler of its own.
         """
+        with sigterm_as_interrupt():
+            return self._fit(on_record)
+
+    def _fit(self, on_record: Callable[[dict[str, float]], str] | None) -> Result:
         spec = self.spec
         stop = spec.stop_conditions(self.env_info.reward_threshold)
         state, logdir, resumed = self._prepare_logdir()

@@ -74,6 +74,30 @@ def bind_loopback() -> None:
 
 
 @contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a run trains, SIGTERM ends it as Ctrl-C does: final checkpoint, actors stopped.
+
+    SIGTERM is what `ray job stop`, Slurm and Kubernetes send before they kill. Without
+    a handler a script's `fit()` died at once (or by the crash handler `ray.init()`
+    installs), losing everything since the last periodic checkpoint. A handler the
+    program set itself is kept; outside the main thread signals never arrive.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def _keep_sigterm_handler() -> Iterator[None]:
     """Put back a Python SIGTERM handler that `ray.init()` replaces.
 
