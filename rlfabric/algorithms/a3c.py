@@ -59,7 +59,9 @@ class A3CConfig(ActorCriticConfig):
     )
     lr: float = Field(3e-4, gt=0, description="learning rate (GA3C: 3e-4)")
     lr_schedule: Literal["constant", "linear"] = Field(
-        "constant", description="GA3C keeps lr constant (LEARNING_RATE_START = _END)"
+        "constant",
+        description="GA3C keeps lr constant (LEARNING_RATE_START = _END); 'linear' anneals it "
+        "to 0 over run.stop.env_frames (5M when run.stop names nothing; constant without one)",
     )
     optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = Field(
         "rmsprop_tf",

@@ -45,7 +45,9 @@ class AlgoConfig(BaseModel):
     name: str = Field(description="registered algorithm name")
     lr: float = Field(6e-4, gt=0, description="learning rate")
     lr_schedule: Literal["constant", "linear"] = Field(
-        "linear", description="'linear' anneals lr to 0 over the run's env-frame budget"
+        "linear",
+        description="'linear' anneals lr to 0 over the run's env-frame budget "
+        "(run.stop.env_frames, 5M when run.stop names nothing; constant without one)",
     )
     gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
 

@@ -64,7 +64,9 @@ class OffPolicyConfig(AlgoConfig):
 
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of every network")
     lr_schedule: Literal["constant", "linear"] = Field(
-        "constant", description="'linear' anneals lr to 0 over the run's env-frame budget"
+        "constant",
+        description="'linear' anneals lr to 0 over the run's env-frame budget "
+        "(run.stop.env_frames, 5M when run.stop names nothing; constant without one)",
     )
     batch_size: int = Field(256, ge=1, description="transitions per learner batch")
     tau: float = Field(0.005, gt=0, le=1, description="soft target update rate (polyak)")
