@@ -11,7 +11,7 @@ import pytest
 def ray_session():
     """An embedded Ray on 127.0.0.1 shared by the whole session; Platform.fit reuses it."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # Workers inherit it: env ids like `faulty_envs:BrokenStepCartPole-v0` import there.
+    # Workers inherit it: they import faulty_envs to make the envs it registers.
     tests = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (tests, os.environ.get("PYTHONPATH")) if p

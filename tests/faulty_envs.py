@@ -1,8 +1,8 @@
 """Envs that fail on purpose, for fault tests under Ray.
 
-Env runners make them by the id `faulty_envs:<Name>-v0`: gymnasium imports the
-module named before the colon, which registers them (the `ray_session`
-fixture puts tests/ on the workers' path).
+Importing this module registers them as `<Name>-v0`; a test imports it, and the env
+runners get each registration with the env's description (their entry points import
+this module there: the `ray_session` fixture puts tests/ on the workers' path).
 """
 
 from __future__ import annotations
