@@ -20,6 +20,14 @@ the platform's and how much this CPU's.
     python benchmarks/offpolicy_speed.py                       # SAC, threads 1 and all CPUs
     python benchmarks/offpolicy_speed.py --algo td3 --threads 1 2 4 --seconds 5 --rounds 5
     python benchmarks/offpolicy_speed.py --precisions fp32 --plain   # against plain torch
+
+`--in-run SECONDS` adds the same update inside a run: names-only SEED + the algorithm
+on HalfCheetah-v5 (a fresh process, Ray's start included), its agent steps per second
+(one update each) over SECONDS once past `--warmup` agent steps, beside the standalone
+rate of the variant the run's learner uses (its precision and torch threads), measured
+in the same invocation. Inside a run the update should be all the learner waits on.
+
+    python benchmarks/offpolicy_speed.py --in-run 100          # SAC, standalone and in a run
 """
 
 from __future__ import annotations
@@ -27,7 +35,12 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -170,6 +183,53 @@ def updates_per_s(
     return count / (time.perf_counter() - start)
 
 
+# argv: algo, seed, logdir, warm-up agent steps, seconds. Names-only SEED + algo on
+# HalfCheetah-v5; prints agent steps/s after the warm-up and what its learner runs.
+_IN_RUN = r"""
+import json, sys
+from pathlib import Path
+import torch
+from rlfabric import Platform
+from rlfabric.models.config import runs_bf16
+from rlfabric.platform.reporting import read_records
+algo, seed, logdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+warmup, seconds = int(sys.argv[4]), float(sys.argv[5])
+platform = Platform(
+    arch="seed", algo=algo, env="HalfCheetah-v5",
+    run={"seed": seed, "logdir": logdir, "display": "none", "report_interval_s": 2.0,
+         "stop": {"wall_time_s": seconds + 60}},
+)
+result = platform.fit()
+records = [r for r in read_records(Path(result.logdir) / "metrics.jsonl")
+           if r["agent_steps"] >= warmup]
+first = records[0]
+last = next((r for r in records if r["wall_time_s"] - first["wall_time_s"] >= seconds),
+            records[-1])
+spec = platform.spec
+print(json.dumps({
+    "steps_per_s": (last["agent_steps"] - first["agent_steps"])
+    / (last["wall_time_s"] - first["wall_time_s"]),
+    "steps": last["agent_steps"] - first["agent_steps"],
+    "precision": "bf16" if runs_bf16(spec.model.precision, torch.device("cpu")) else "fp32",
+    "learner_threads": spec.resources.learner_threads,
+    "ensemble_critics": spec.algo.ensemble_critics,
+}))
+"""
+
+
+def in_run(algo: str, seed: int, warmup: int, seconds: float) -> dict:
+    """Agent steps/s of a names-only SEED run after `warmup` steps, in a fresh process."""
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    with tempfile.TemporaryDirectory() as logdir:
+        done = subprocess.run(
+            [sys.executable, "-c", _IN_RUN, algo, str(seed), logdir, str(warmup), str(seconds)],
+            capture_output=True, text=True, env=env, timeout=seconds * 4 + 600,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", choices=["sac", "td3"], default="sac")
@@ -181,6 +241,11 @@ def main() -> None:
     parser.add_argument(
         "--plain", action="store_true", help="add plain-torch SAC rows (--algo sac only)"
     )
+    parser.add_argument(
+        "--in-run", type=float, metavar="SECONDS", help="also time the update inside a run"
+    )
+    parser.add_argument("--warmup", type=int, default=6_000, help="agent steps before --in-run")
+    parser.add_argument("--seed", type=int, default=0, help="the --in-run run's seed")
     args = parser.parse_args()
     if args.plain and args.algo != "sac":
         parser.error("--plain is a SAC update; run it with --algo sac")
@@ -192,6 +257,12 @@ def main() -> None:
         variants.insert(0, baseline)
     if args.plain:
         variants += [Variant(p, t, False, plain=True) for p in args.precisions for t in threads]
+    run = None
+    if args.in_run:  # first, so that the standalone rounds do not share the machine with it
+        run = in_run(args.algo, args.seed, args.warmup, args.in_run)
+        match = Variant(run["precision"], run["learner_threads"], run["ensemble_critics"])
+        if match not in variants:
+            variants.append(match)
     algos = {v: build(args.algo, v, args.batch_size) for v in variants}
     data = batches(args.batch_size)
     rates: dict[Variant, list[float]] = {v: [] for v in variants}
@@ -216,6 +287,14 @@ def main() -> None:
         print(
             f"{variant!s:<26} {rate:>10.1f} {max(rates[variant]):>8.1f} {1000 / rate:>10.2f} "
             f"{base:>15.1f} {rate / base:>6.2f}"
+        )
+    if run is not None:
+        standalone = statistics.median(rates[match])
+        print(
+            f"in a run (names-only SEED + {args.algo}, HalfCheetah-v5, {args.in_run:g} s after "
+            f"{args.warmup:,} agent steps): {run['steps_per_s']:.1f} agent steps/s, one update "
+            f"each; standalone {match}: {standalone:.1f} updates/s; in-run / standalone "
+            f"{run['steps_per_s'] / standalone:.2f}"
         )
 
 
