@@ -57,15 +57,18 @@ class LocalArchitecture(Architecture):
         if state is not None:
             self.feed.restore(state)
         self._running = threading.Event()  # never set: one process, nothing to stop
+        self._stop_seen = False  # a stop condition the learner counts held (step())
         self.pending: list[Request] = [self.runner.reset(g) for g in range(self.runner.num_groups)]
 
     def step(self) -> dict[str, float]:
         deadline = time.perf_counter() + self.spec.run.report_interval_s
-        budget = self.stop_conditions.env_frames
+        target = self.stop_conditions.episode_return_mean
+        met = self._stop_seen  # the driver went on after one: step the whole interval
         while time.perf_counter() < deadline:
             for group, request in enumerate(self.pending):
                 self.pending[group] = self._step_group(group, request)
-            if budget and self.learner.counters["env_frames"] >= budget:
+            if not met and self.learner.stop_met(target):
+                self._stop_seen = True
                 break
         return self._metrics()
 

@@ -127,8 +127,9 @@ class LearnerAndRunners(Architecture):
             scheduling_strategy=(
                 None if self.learner_group is None else in_bundle(self.learner_group, 0)
             ),
-            # one thread per runner group call plus the driver's calls
-            max_concurrency=max_runners(spec) * spec.arch.env_groups + 4,
+            # one thread per runner group call plus the driver's calls (its wait between
+            # reports among them)
+            max_concurrency=max_runners(spec) * spec.arch.env_groups + 5,
         )
         budget = self.stop_conditions.env_frames
         seed = spec.run.seed + (state["counters"]["agent_steps"] if state else 0)
@@ -153,10 +154,16 @@ class LearnerAndRunners(Architecture):
         except Exception:
             self._stop_runners(wait_s=0)  # they would wait for a learner that never came
             raise
+        self._stop_seen = False
         self._start_autotune()
 
     def step(self) -> dict[str, float]:
-        time.sleep(self.spec.run.report_interval_s)
+        interval = self.spec.run.report_interval_s
+        if self._stop_seen:  # the driver went on after one: wait as if none were seen
+            time.sleep(interval)
+        else:
+            target = self.stop_conditions.episode_return_mean
+            self._stop_seen = self._ask(self.learner.wait_for_stop.remote(interval, target))
         try:
             self._check_learners()
             self.runners.check()

@@ -155,7 +155,12 @@ class RunConfig(_Section):
         "stop.episode_return_mean); 100 as SB3's ep_rew_mean and gymnasium's thresholds",
     )
     logdir: str = Field("runs", description="parent folder of the run's logdir")
-    report_interval_s: float = Field(1.0, gt=0, description="seconds per metrics record")
+    report_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="seconds per metrics record (a run's last one comes as soon as its frame "
+        "budget or return target is met)",
+    )
     checkpoint_interval_s: float = Field(
         60.0, ge=0, description="seconds between checkpoints; 0: only at the end"
     )

@@ -149,6 +149,8 @@ class Learner:
         # Counters and windows are touched by several threads; reentrant so that `frozen`
         # can hold it across metrics() and state_dict().
         self._lock = threading.RLock()
+        # Notified as steps and episodes are counted: `wait_for_stop` wakes on it.
+        self._counted = threading.Condition(self._lock)
 
     @property
     def policy_version(self) -> int:
@@ -183,6 +185,7 @@ class Learner:
             self.returns.extend(tally["episode_returns"])
             self.lengths.extend(tally["episode_lengths"])
             self.counters["weight_syncs"] += tally["weight_syncs"]
+            self._counted.notify_all()
         if tally["stepped_requests"]:
             self.stats.add("env_step_ms", 1000.0 * tally["env_step_s"] / tally["stepped_requests"])
         if tally["inference_s"]:
@@ -192,6 +195,25 @@ class Learner:
                     "inference_batch_envs": tally["vector_steps"] / tally["requests"],
                 }
             )
+
+    def stop_met(self, return_target: float | None) -> bool:
+        """Whether a stop condition the learner counts holds: the frame budget spent, or a
+        full return window (as `platform.facade.stop_reason` wants it) at `return_target`."""
+        with self._lock:
+            if self.frame_budget and self.counters["env_frames"] >= self.frame_budget:
+                return True
+            window = self.returns
+            return (
+                return_target is not None
+                and len(window) == window.maxlen
+                and float(np.mean(window)) >= return_target
+            )
+
+    def wait_for_stop(self, timeout_s: float, return_target: float | None) -> bool:
+        """Wait up to `timeout_s`, less once `stop_met`: the driver's wait for its next report,
+        which then ends a run at its budget or target rather than up to an interval later."""
+        with self._counted:
+            return self._counted.wait_for(lambda: self.stop_met(return_target), timeout_s)
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         frames = self.counters["env_frames"]

@@ -148,6 +148,10 @@ class LearnerProcess:
         group = LearnerGroup(self.learner, workers, self.timeout_s, self.start_timeout_s)
         group.join(address, self._rendezvous)
 
+    def wait_for_stop(self, timeout_s: float, return_target: float | None) -> bool:
+        """The driver's wait between reports (`Learner.wait_for_stop`)."""
+        return self.learner.wait_for_stop(timeout_s, return_target)
+
     def metrics(self, raise_errors: bool = True) -> dict[str, float]:
         """The learner's figures; first raises the error a trainer or batcher thread
         stopped with, unless `raise_errors` is off (the final checkpoint after it)."""
