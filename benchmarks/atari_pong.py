@@ -37,6 +37,10 @@ SLACK = 100_000
 #: run name -> (result file, what it is). Names-only rows are what a user gets by name.
 RUNS = {
     "seed_vtrace": ("pong_seed_vtrace_fixed", "names only: the vtrace/atari preset"),
+    "seed_vtrace_target": (
+        "pong_seed_vtrace_target10m",
+        "names only + algo.pg_clip_target (the clip centred on the learner's policy)",
+    ),
     "impala_vtrace": ("pong_impala_vtrace_preset", "names only: the vtrace/atari preset"),
     "ga3c_a3c": ("pong_ga3c_a3c_preset", "names only: the a3c/atari preset"),
     "seed_ppo_cleanrl": ("pong_seed_ppo", "SEED with CleanRL ppo_atari.py's settings"),
