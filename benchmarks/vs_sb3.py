@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from offpolicy_speed import in_run  # this script's folder is first on sys.path
+
 SB3_VERSION = "2.9.2"
 SB3_DIR = Path(__file__).parent / ".sb3"
 
@@ -97,27 +99,6 @@ SAC("MlpPolicy", gym.make("HalfCheetah-v5"), seed=seed).learn(10**9, callback=wi
 print(json.dumps({"steps_per_s": (s1 - s0) / (t1 - t0), "steps": s1 - s0}))
 """
 
-# argv: seed, logdir, warm-up steps, seconds. Names-only SEED + SAC; steps/s after warm-up.
-_RLFABRIC_SAC = r"""
-import json, sys
-from pathlib import Path
-from rlfabric import Platform
-from rlfabric.platform.reporting import read_records
-seed, logdir, warmup, seconds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-result = Platform(
-    arch="seed", algo="sac", env="HalfCheetah-v5",
-    run={"seed": seed, "logdir": logdir, "display": "none", "report_interval_s": 2.0,
-         "stop": {"wall_time_s": seconds + 60}},
-).fit()
-records = read_records(Path(result.logdir) / "metrics.jsonl")
-records = [r for r in records if r["agent_steps"] >= warmup]
-first = records[0]
-last = next((r for r in records if r["wall_time_s"] - first["wall_time_s"] >= seconds), records[-1])
-span = last["wall_time_s"] - first["wall_time_s"]
-print(json.dumps({"steps_per_s": (last["agent_steps"] - first["agent_steps"]) / span,
-                  "steps": last["agent_steps"] - first["agent_steps"]}))
-"""
-
 
 def install_sb3() -> None:
     """SB3 alone into its own folder; everything it needs is already in this venv."""
@@ -177,8 +158,7 @@ def _check_target(what: str, out: dict) -> None:
 
 
 def sac(seed: int, warmup: int, seconds: float) -> dict:
-    with tempfile.TemporaryDirectory() as logdir:
-        ours, _ = child(_RLFABRIC_SAC, seed, logdir, warmup, seconds, timeout_s=seconds * 4)
+    ours = in_run("sac", seed, warmup, seconds)  # names-only SEED + SAC, a fresh process
     print(f"  rlfabric seed+sac: {ours['steps_per_s']:.1f} agent steps/s")
     theirs, _ = child(_SB3_SAC, seed, warmup, seconds, sb3=True, timeout_s=seconds * 4)
     print(f"  sb3 sac:           {theirs['steps_per_s']:.1f} agent steps/s")
