@@ -132,17 +132,25 @@ def _valid(batch) -> np.ndarray:
 
 @pytest.mark.parametrize("log_epsilon", [1e-6, 0.34])  # 0.34 floors about half the actions
 @pytest.mark.parametrize("reduction", ["sum", "mean"])  # GA3C's sum, baselines A2C's mean
-def test_a3c_loss_matches_ga3c_formula(log_epsilon, reduction):
-    algo = _algo(A3C, log_epsilon=log_epsilon, loss_reduction=reduction)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a3c_loss_matches_ga3c_formula(log_epsilon, reduction, normalize):
+    algo = _algo(
+        A3C, log_epsilon=log_epsilon, loss_reduction=reduction, normalize_advantages=normalize
+    )
     batch = _batch()
     logp, entropy, values = _current(algo, batch)
     valid = _valid(batch)
     returns = torch.as_tensor(_reference_n_step(batch, values), dtype=torch.float32)
+    advantages = returns - values[:-1]
+    pg_adv = advantages
+    if normalize:  # PPO's normalisation, over the batch's valid steps (unbiased std)
+        valid_adv = advantages[torch.as_tensor(valid)]
+        pg_adv = (advantages - valid_adv.mean()) / (valid_adv.std() + 1e-8)
     log_pi = torch.log(torch.clamp(logp.exp(), min=log_epsilon))
     expected = 0.0
     for t, b in zip(*np.nonzero(valid)):
-        adv = returns[t, b] - values[t, b]
-        expected += -(log_pi[t, b] * adv + 0.01 * entropy[t, b]) + 0.5 * adv**2
+        adv = advantages[t, b]
+        expected += -(log_pi[t, b] * pg_adv[t, b] + 0.01 * entropy[t, b]) + 0.5 * adv**2
     if reduction == "mean":
         expected /= valid.sum()
     metrics, _ = _frozen_update(algo, batch)

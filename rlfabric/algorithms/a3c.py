@@ -42,6 +42,7 @@ from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
     ActorCriticConfig,
     evaluate,
+    normalize,
     unroll_steps,
 )
 
@@ -85,6 +86,12 @@ class A3CConfig(ActorCriticConfig):
         description="'sum' over the batch as GA3C (its lr 3e-4 assumes it) or 'mean' as "
         "OpenAI baselines' A2C (lr 7e-4, grad clip 0.5)",
     )
+    normalize_advantages: bool = Field(
+        False,
+        description="normalise the pg advantages over each batch's valid steps (mean 0, std 1) "
+        "as PPO does per minibatch; GA3C and A2C do not. Weighs entropy_cost against a "
+        "unit-scale advantage instead of the reward scale",
+    )
     log_epsilon: float = Field(
         1e-6,
         gt=0,
@@ -116,12 +123,13 @@ class A3C(ActorCriticAlgorithm):
             valid=valid,
         )
         advantages = returns - values[:-1].detach()
+        pg_advantages = normalize(advantages, valid) if cfg.normalize_advantages else advantages
         if isinstance(self.action_space, gym.spaces.Discrete):
             # log max(p, eps) == max(log p, log eps), gradient included (zero below eps).
             logp = logp.clamp(min=math.log(cfg.log_epsilon))
 
         # GA3C NetworkVP.py: cost_p and cost_v summed over the batch, then added.
-        pg_loss = -(logp * advantages * valid).sum()
+        pg_loss = -(logp * pg_advantages * valid).sum()
         baseline_loss = 0.5 * ((returns - values[:-1]) ** 2 * valid).sum()
         entropy_sum = (entropy * valid).sum()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - self.entropy_cost * entropy_sum
