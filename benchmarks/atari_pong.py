@@ -37,6 +37,10 @@ SLACK = 100_000
 #: run name -> (result file, what it is). Names-only rows are what a user gets by name.
 RUNS = {
     "seed_vtrace": ("pong_seed_vtrace_fixed", "names only: the vtrace/atari preset"),
+    "seed_vtrace_seed1": (
+        "pong_seed_vtrace_seed1",
+        "names only: the vtrace/atari preset, seed 1",
+    ),
     "seed_vtrace_target": (
         "pong_seed_vtrace_target10m",
         "names only + algo.pg_clip_target (the clip centred on the learner's policy)",
