@@ -18,38 +18,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 from typing import Any
 
-import numpy as np
+from throughput import seed_run  # this script's folder is first on sys.path
 
 from rlfabric import Platform
-from rlfabric.platform.reporting import read_records
 from rlfabric.runtime.config import available_cpus
-
-KEYS = ("env_frames_per_s", "learner_step_ms", "policy_lag")
 
 
 def steady_run(arch: str, algo: str, env: str, seconds: float, logdir: str, **kw: Any) -> dict:
-    """The run's steady-state means of KEYS, and the learner's torch threads."""
-    platform = Platform(
-        arch=arch,
-        algo=algo,
-        env=env,
-        run={
-            "stop": {"wall_time_s": seconds},
-            "display": "none",
-            "logdir": logdir,
-            "checkpoint_interval_s": 0,
-        },
-        **kw,
-    )
-    threads = platform.spec.resources.learner_threads
-    result = platform.fit()
-    records = read_records(Path(result.logdir) / "metrics.jsonl")
-    steady = records[len(records) // 3 :]
-    means = {k: float(np.mean([r[k] for r in steady if k in r] or [np.nan])) for k in KEYS}
-    return {"threads": threads, **means}
+    """`throughput.seed_run`'s steady state of the names-only run, and the learner's threads."""
+    settings = {"algo": algo, "env": env, **kw}
+    threads = Platform(arch=arch, **settings).spec.resources.learner_threads
+    return {"threads": threads, **seed_run(settings, seconds, logdir, arch=arch)}
 
 
 def main() -> None:

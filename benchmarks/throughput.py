@@ -114,14 +114,15 @@ def model_ceiling(settings: dict, seconds: float) -> float:
     return updates * T * B / (time.perf_counter() - start)
 
 
-def seed_run(settings: dict, seconds: float, logdir: str) -> dict[str, float]:
+def seed_run(settings: dict, seconds: float, logdir: str, arch: str = "seed") -> dict[str, float]:
+    """Steady-state means of a run of `arch` with `settings` for `seconds` of wall time."""
     run = {
         "stop": {"wall_time_s": seconds},
         "display": "none",
         "logdir": logdir,
         "checkpoint_interval_s": 0,
     }
-    result = Platform(arch="seed", run=run, **settings).fit()
+    result = Platform(arch=arch, run=run, **settings).fit()
     records = read_records(Path(result.logdir) / "metrics.jsonl")
     steady = records[len(records) // 3 :]  # drop start-up (Ray, actors, first compile)
     m = result.metrics
