@@ -10,9 +10,11 @@ and the sparse model's size and FLOPs as fractions of dense; then a summary
 with each variant's evaluation mean as % of dense (positive-return envs).
 
 Variants (sparsities from --actor / --critic; RLx2's HalfCheetah setting is 90/85):
-  dense   no sparsity
+  dense   no sparsity, the preset's precision (`auto` for the MuJoCo presets: bf16
+          where the CPU or GPU has it natively)
   dense_bf16  no sparsity, every network's matmuls under bfloat16 autocast
           (`model.precision: bf16`; learning must not change with it)
+  dense_fp32  no sparsity, fp32 whatever the device (`model.precision: fp32`)
   rlx2    RigL topology + delayed 3-step targets + dynamic-capacity buffer (RLx2)
   rigl    RigL topology only (1-step targets, plain buffer)
   set     SET topology (random growth) only
@@ -62,9 +64,9 @@ naming the ones still missing.
         --max-steps 300000 --paper-steps 3000000 --thresholds --jobs 2 \\
         --logdir runs/rlx2_300k --json benchmarks/results/rlx2_halfcheetah_td3_300k.json
     # SAC's learning under fp32 and bf16 100k steps, two seeds each
-    python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos sac --variants dense_bf16,dense \\
-        --seeds 0 1 --max-steps 100000 --thresholds --jobs 2 --logdir runs/precision \\
-        --json benchmarks/results/sac_halfcheetah_precision_100k.json
+    python benchmarks/offpolicy.py --env HalfCheetah-v5 --algos sac \\
+        --variants dense_bf16,dense_fp32 --seeds 0 1 --max-steps 100000 --thresholds --jobs 2 \\
+        --logdir runs/precision --json benchmarks/results/sac_halfcheetah_precision_100k.json
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ RLX2_PARTS = {
 #: RLx2 variants whose buffer bounds and check interval stay the paper's, scaled or not.
 PAPER_BUFFER = {"rlx2_paper_buffer"}
 
-VARIANTS = ("dense", "dense_bf16", "rigl", "set", "static", *RLX2_PARTS)
+VARIANTS = ("dense", "dense_bf16", "dense_fp32", "rigl", "set", "static", *RLX2_PARTS)
 
 
 #: RLx2's schedule (tyq1024/RLx2 defaults): topology update every `delta` optimizer steps,
@@ -124,8 +126,8 @@ def variant_overrides(variant: str, algo: str, args: argparse.Namespace, updates
     """Spec overrides of one variant; `updates` is the run's expected learner updates."""
     if variant == "dense":
         return []
-    if variant == "dense_bf16":
-        return ["model.precision=bf16"]
+    if variant in ("dense_bf16", "dense_fp32"):
+        return [f"model.precision={variant.removeprefix('dense_')}"]
     method = "rigl" if variant in RLX2_PARTS else variant
     n_step, dynamic_buffer = RLX2_PARTS.get(variant, (False, False))
     out = [f"sparse.actor={args.actor}", f"sparse.critic={args.critic}", f"sparse.method={method}"]

@@ -183,8 +183,9 @@ def updates_per_s(
     return count / (time.perf_counter() - start)
 
 
-# argv: algo, seed, logdir, warm-up agent steps, seconds. Names-only SEED + algo on
-# HalfCheetah-v5; prints agent steps/s after the warm-up and what its learner runs.
+# argv: algo, seed, logdir, warm-up agent steps, seconds, then spec overrides. Names-only
+# SEED + algo on HalfCheetah-v5; prints agent steps/s after the warm-up and what its
+# learner runs.
 _IN_RUN = r"""
 import json, sys
 from pathlib import Path
@@ -198,6 +199,7 @@ platform = Platform(
     arch="seed", algo=algo, env="HalfCheetah-v5",
     run={"seed": seed, "logdir": logdir, "display": "none", "report_interval_s": 2.0,
          "stop": {"wall_time_s": seconds + 60}},
+    overrides=sys.argv[6:],
 )
 result = platform.fit()
 records = [r for r in read_records(Path(result.logdir) / "metrics.jsonl")
@@ -217,12 +219,16 @@ print(json.dumps({
 """
 
 
-def in_run(algo: str, seed: int, warmup: int, seconds: float) -> dict:
-    """Agent steps/s of a names-only SEED run after `warmup` steps, in a fresh process."""
+def in_run(
+    algo: str, seed: int, warmup: int, seconds: float, overrides: list[str] | None = None
+) -> dict:
+    """Agent steps/s of a names-only SEED run (with `overrides`, dotted spec settings)
+    after `warmup` steps, in a fresh process."""
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     with tempfile.TemporaryDirectory() as logdir:
         done = subprocess.run(
-            [sys.executable, "-c", _IN_RUN, algo, str(seed), logdir, str(warmup), str(seconds)],
+            [sys.executable, "-c", _IN_RUN, algo, str(seed), logdir, str(warmup), str(seconds),
+             *(overrides or [])],
             capture_output=True, text=True, env=env, timeout=seconds * 4 + 600,
         )  # fmt: skip
     if done.returncode != 0:
@@ -246,6 +252,10 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=6_000, help="agent steps before --in-run")
     parser.add_argument("--seed", type=int, default=0, help="the --in-run run's seed")
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE",
+        help="spec overrides of the --in-run run (arch.env_groups=1)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.plain and args.algo != "sac":
         parser.error("--plain is a SAC update; run it with --algo sac")
@@ -259,7 +269,7 @@ def main() -> None:
         variants += [Variant(p, t, False, plain=True) for p in args.precisions for t in threads]
     run = None
     if args.in_run:  # first, so that the standalone rounds do not share the machine with it
-        run = in_run(args.algo, args.seed, args.warmup, args.in_run)
+        run = in_run(args.algo, args.seed, args.warmup, args.in_run, args.set)
         match = Variant(run["precision"], run["learner_threads"], run["ensemble_critics"])
         if match not in variants:
             variants.append(match)
