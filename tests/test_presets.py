@@ -95,11 +95,13 @@ def test_atari_names_only_clip_rewards_as_the_references(algo):
     assert ExperimentSpec.build({"algo": algo, "env": "CartPole-v1"}).algo.reward_clip is None
 
 
-def test_sac_on_mujoco_runs_bf16_where_the_device_has_it():
+def test_sac_on_mujoco_runs_bf16_where_the_device_has_it_td3_keeps_fp32():
     # Measured on HalfCheetah: the same return, 1.54x the speed. Pendulum's 2x64 nets stay
     # fp32 (not measured there), and `auto` itself is fp32 without native bf16.
     assert ExperimentSpec.build({"algo": "sac", "env": "HalfCheetah-v5"}).model.precision == "auto"
     assert ExperimentSpec.build({"algo": "sac", "env": "Pendulum-v1"}).model.precision == "fp32"
+    # TD3 in bf16 learned less on HalfCheetah (3,765 against 4,065 over four seeds).
+    assert ExperimentSpec.build({"algo": "td3", "env": "HalfCheetah-v5"}).model.precision == "fp32"
 
 
 def test_sac_on_mujoco_under_seed_steps_both_envs_as_one_group():
