@@ -14,6 +14,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from rlfabric import Platform
 from rlfabric.algorithms import ALGORITHMS
 from rlfabric.architectures import ARCHITECTURES
+from rlfabric.architectures.base import ArchConfig
 from rlfabric.envs import EnvConfig
 from rlfabric.errors import SpecError
 from rlfabric.platform import presets
@@ -107,7 +108,7 @@ def test_sac_on_mujoco_runs_bf16_where_the_device_has_it_td3_keeps_fp32():
 def test_sac_on_mujoco_under_seed_steps_both_envs_as_one_group():
     # One inference request per vector step, not per env: measured 108.9 against 79.8 agent
     # steps/s under seed. A per-arch setting: `local` has no env groups and IMPALA keeps two.
-    def arch(name: str):
+    def arch(name: str) -> ArchConfig:
         return ExperimentSpec.build({"algo": "sac", "env": "HalfCheetah-v5", "arch": name}).arch
 
     assert arch("seed").env_groups == 1
