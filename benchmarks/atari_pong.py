@@ -56,6 +56,10 @@ RUNS = {
         "pong_local_ppo_cleanrl",
         "examples/specs/pong_local_ppo_cleanrl.yaml: CleanRL's exact setup, no sticky actions",
     ),
+    "local_a3c_a2c_nosticky": (
+        "pong_local_a3c_a2c",
+        "examples/specs/pong_local_a3c_a2c.yaml: OpenAI baselines' A2C setup, no sticky actions",
+    ),
     "seed_vtrace_paper": ("pong_seed_vtrace", "examples/specs/pong_seed_vtrace.yaml"),
     "impala_vtrace_paper": ("pong_impala_vtrace", "examples/specs/pong_impala_vtrace.yaml"),
     "ga3c_a3c_paper": ("pong_ga3c_a3c", "examples/specs/pong_ga3c_a3c.yaml"),
@@ -67,6 +71,7 @@ PUBLISHED = [
     {"label": "CleanRL envpool PPO, no sticky", "return": 19.0, "sticky_actions": False},
     {"label": "Cleanba IMPALA/PPO, sticky (low)", "return": 10.0, "sticky_actions": True},
     {"label": "Cleanba IMPALA/PPO, sticky (high)", "return": 12.0, "sticky_actions": True},
+    {"label": "baselines A2C, no sticky", "return": -12.0, "sticky_actions": False},
     {"label": "moolib, sticky", "return": 0.0, "sticky_actions": True},
 ]
 
