@@ -12,6 +12,7 @@ from rlfabric.models.networks import (
     MLP,
     CategoricalHead,
     GaussianHead,
+    ImpalaCNN,
     NatureCNN,
     SDEGaussianHead,
     init_layer,
@@ -33,11 +34,13 @@ def build_torso(obs_space: gym.Space, cfg: ModelConfig) -> nn.Module:
     torso = cfg.torso
     if torso == "auto":
         torso = "cnn" if is_image_space(obs_space) else "mlp"
-    if torso == "cnn":
+    if torso in ("cnn", "impala_cnn"):
         if len(obs_space.shape) != 3:
             raise UnsupportedSpaceError(
-                f"model.torso='cnn' needs [C, H, W] observations, got shape {obs_space.shape}"
+                f"model.torso={torso!r} needs [C, H, W] observations, got shape {obs_space.shape}"
             )
+        if torso == "impala_cnn":
+            return ImpalaCNN(tuple(obs_space.shape), cfg.impala_features)
         return NatureCNN(tuple(obs_space.shape), cfg.cnn_features)
     return MLP(int(np.prod(obs_space.shape)), cfg.hidden, cfg.activation)
 
@@ -84,7 +87,8 @@ class ActorCritic(nn.Module):
         self.value_torso: nn.Module | None = None
         if not cfg.shared_torso:
             if not isinstance(self.torso, MLP) or cfg.lstm:
-                kind = "mlp" if isinstance(self.torso, MLP) else "cnn"
+                kind = "impala_cnn" if isinstance(self.torso, ImpalaCNN) else "cnn"
+                kind = "mlp" if isinstance(self.torso, MLP) else kind
                 raise ValueError(
                     "model.shared_torso=false gives the value its own MLP torso, which needs "
                     f"an MLP policy torso without an LSTM core; got torso '{kind}' and "

@@ -16,16 +16,20 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    torso: Literal["auto", "mlp", "cnn"] = Field(
+    torso: Literal["auto", "mlp", "cnn", "impala_cnn"] = Field(
         "auto",
-        description="feature extractor: 'auto' picks the Nature CNN for image observations "
-        "(uint8, 3-D) and an MLP otherwise",
+        description="feature extractor: 'auto' picks the Nature CNN ('cnn') for image "
+        "observations (uint8, 3-D) and an MLP otherwise; 'impala_cnn': IMPALA's deep ResNet "
+        "(15 conv layers, 16/32/32 channels), for image observations",
     )
     hidden: list[int] = Field(
         [64, 64], description="MLP hidden layer sizes (ignored by the CNN torso)"
     )
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
     cnn_features: int = Field(512, gt=0, description="width of the Nature CNN's last layer")
+    impala_features: int = Field(
+        256, gt=0, description="width of the IMPALA ResNet's last layer (the paper's 256)"
+    )
     lstm: int = Field(0, ge=0, description="LSTM core size; 0 means no recurrent core")
     shared_torso: bool = Field(
         True,

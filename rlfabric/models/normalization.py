@@ -112,7 +112,7 @@ def build_obs_normalizer(obs_space: gym.Space, cfg: ModelConfig) -> ObsNormalize
     """
     if not cfg.normalize_obs:
         return None
-    if is_image_space(obs_space) or cfg.torso == "cnn":
+    if is_image_space(obs_space) or cfg.torso in ("cnn", "impala_cnn"):
         raise ValueError(
             f"model.normalize_obs=true normalizes vector observations; these are "
             f"{obs_space} for the CNN torso, which scales pixels by 1/255 itself "

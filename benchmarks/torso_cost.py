@@ -1,0 +1,80 @@
+"""Cost of one Atari learner update with the Nature CNN against IMPALA's deep ResNet.
+
+The update a names-only `Platform(arch="seed", algo=ALGO, env="ALE/Pong-v5")` run makes
+(its preset's batch, passes, optimizer and precision), once with `model.torso: cnn`
+(the preset's) and once with `model.torso: impala_cnn`, on the same batch of random
+observations. Rounds interleave the two so that load from other processes spreads over
+both; each row gives the median and the best round, and the ResNet's cost as a multiple
+of the Nature CNN's, with each torso's parameter count.
+
+    python benchmarks/torso_cost.py                         # vtrace and a3c, all CPUs
+    python benchmarks/torso_cost.py --algos vtrace --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from conv_layout import random_batch
+
+from rlfabric import Platform
+from rlfabric.runtime.learner import make_algorithm
+
+TORSOS = ("cnn", "impala_cnn")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="ALE/Pong-v5")
+    parser.add_argument("--algos", nargs="+", default=["vtrace", "a3c"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0, help="least time per round")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for algo_name in args.algos:
+        platforms = {
+            torso: Platform(arch="seed", algo=algo_name, env=args.env, model={"torso": torso})
+            for torso in TORSOS
+        }
+        algos = {}
+        for torso, platform in platforms.items():
+            torch.manual_seed(0)
+            algos[torso] = make_algorithm(platform.spec, platform.env_info, 10_000_000)
+        batch = random_batch(platforms["cnn"], algos["cnn"])
+        for algo in algos.values():  # warm-up: oneDNN picks its kernels on first use
+            algo.update(batch)
+        per_round = {}
+        for torso, algo in algos.items():
+            start = time.perf_counter()
+            algo.update(batch)
+            per_round[torso] = max(1, round(args.seconds / (time.perf_counter() - start)))
+        times: dict[str, list[float]] = {torso: [] for torso in TORSOS}
+        for _ in range(args.rounds):
+            for torso, algo in algos.items():
+                start = time.perf_counter()
+                for _ in range(per_round[torso]):
+                    algo.update(batch)
+                times[torso].append(1000.0 * (time.perf_counter() - start) / per_round[torso])
+        spec = platforms["cnn"].spec
+        print(
+            f"{args.env} {algo_name} ({spec.preset}): {spec.algo.batch_size} unrolls x "
+            f"{spec.algo.unroll_length} steps, precision {spec.model.precision}, "
+            f"{args.threads} threads, {args.rounds} rounds"
+        )
+        base = statistics.median(times["cnn"])
+        for torso, ms in times.items():
+            median = statistics.median(ms)
+            params = sum(p.numel() for p in algos[torso].model.torso.parameters())
+            print(
+                f"  {torso:<10} {params:>9,} torso params  median {median:9.2f} ms/update, "
+                f"best {min(ms):9.2f}, x{median / base:.2f} of cnn"
+            )
+
+
+if __name__ == "__main__":
+    main()
