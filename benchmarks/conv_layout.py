@@ -78,8 +78,9 @@ def random_batch(platform: Platform, algo: Any, seed: int = 0) -> dict[str, np.n
     return batch
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc: str) -> argparse.Namespace:
+    """The options of an update-timing script (this one, torso_cost.py); sets the threads."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--env", default="ALE/Pong-v5")
     parser.add_argument("--algos", nargs="+", default=["vtrace", "a3c"])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -87,6 +88,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="least time per round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     for algo_name in args.algos:
         platform = Platform(arch="seed", algo=algo_name, env=args.env)
         algos = {variant: build(platform, variant) for variant in VARIANTS}

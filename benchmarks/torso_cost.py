@@ -13,13 +13,11 @@ of the Nature CNN's, with each torso's parameter count.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
 
 import torch
-from conv_layout import random_batch
+from conv_layout import parse_args, random_batch
 
 from rlfabric import Platform
 from rlfabric.runtime.learner import make_algorithm
@@ -28,14 +26,7 @@ TORSOS = ("cnn", "impala_cnn")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="ALE/Pong-v5")
-    parser.add_argument("--algos", nargs="+", default=["vtrace", "a3c"])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0, help="least time per round")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__)
     for algo_name in args.algos:
         platforms = {
             torso: Platform(arch="seed", algo=algo_name, env=args.env, model={"torso": torso})

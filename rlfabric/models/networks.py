@@ -44,13 +44,28 @@ class MLP(nn.Module):
         return self.net(obs.flatten(1).float())
 
 
-class NatureCNN(nn.Module):
+class PixelTorso(nn.Module):
+    """A conv stack on pixels scaled by 1/255 (uint8 `[C, H, W]` in), then one ReLU layer
+    of `features` units: the shape the Nature CNN and IMPALA's ResNet share."""
+
+    def __init__(self, conv: nn.Sequential, obs_shape: tuple[int, ...], features: int) -> None:
+        super().__init__()
+        self.conv = conv
+        with torch.no_grad():
+            flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(init_layer(nn.Linear(flat, features)), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(obs.float() / 255.0))
+
+
+class NatureCNN(PixelTorso):
     """The DQN/IMPALA-shallow Atari torso (Mnih et al. 2015): uint8 [C, 84, 84] in."""
 
     def __init__(self, obs_shape: tuple[int, ...], features: int) -> None:
-        super().__init__()
         channels = obs_shape[0]
-        self.conv = nn.Sequential(
+        conv = nn.Sequential(
             init_layer(nn.Conv2d(channels, 32, 8, stride=4)),
             nn.ReLU(),
             init_layer(nn.Conv2d(32, 64, 4, stride=2)),
@@ -59,13 +74,7 @@ class NatureCNN(nn.Module):
             nn.ReLU(),
             nn.Flatten(),
         )
-        with torch.no_grad():
-            flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(init_layer(nn.Linear(flat, features)), nn.ReLU())
-        self.out_dim = features
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(obs.float() / 255.0))
+        super().__init__(conv, obs_shape, features)
 
 
 class ResidualBlock(nn.Module):
@@ -80,7 +89,7 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class ImpalaCNN(nn.Module):
+class ImpalaCNN(PixelTorso):
     """IMPALA's deep torso (Espeholt et al. 2018, arXiv 1802.01561, Figure 3 right).
 
     Three sections of conv 3x3, max-pool 3x3 stride 2 and two residual blocks, with
@@ -97,7 +106,6 @@ class ImpalaCNN(nn.Module):
     def __init__(
         self, obs_shape: tuple[int, ...], features: int, channels: tuple[int, ...] = (16, 32, 32)
     ) -> None:
-        super().__init__()
         layers: list[nn.Module] = []
         in_channels = obs_shape[0]
         for out_channels in channels:
@@ -108,14 +116,7 @@ class ImpalaCNN(nn.Module):
                 ResidualBlock(out_channels),
             ]
             in_channels = out_channels
-        self.conv = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(init_layer(nn.Linear(flat, features)), nn.ReLU())
-        self.out_dim = features
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(obs.float() / 255.0))
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, features)
 
 
 class CategoricalHead(nn.Module):
