@@ -78,6 +78,30 @@ def random_batch(platform: Platform, algo: Any, seed: int = 0) -> dict[str, np.n
     return batch
 
 
+def time_updates(
+    algos: dict[str, Any], batch: dict[str, np.ndarray], rounds: int, seconds: float
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Milliseconds per `update(batch)` of each algorithm, one figure per round, and the
+    updates per round: after a warm-up update each (oneDNN picks its kernels on first
+    use), each variant makes as many updates a round as fill `seconds`, and rounds
+    interleave the variants so that load from other processes spreads over all of them."""
+    for algo in algos.values():
+        algo.update(batch)
+    per_round = {}
+    for name, algo in algos.items():
+        start = time.perf_counter()
+        algo.update(batch)
+        per_round[name] = max(1, round(seconds / (time.perf_counter() - start)))
+    times: dict[str, list[float]] = {name: [] for name in algos}
+    for _ in range(rounds):
+        for name, algo in algos.items():
+            start = time.perf_counter()
+            for _ in range(per_round[name]):
+                algo.update(batch)
+            times[name].append(1000.0 * (time.perf_counter() - start) / per_round[name])
+    return times, per_round
+
+
 def parse_args(doc: str) -> argparse.Namespace:
     """The options of an update-timing script (this one, torso_cost.py); sets the threads."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -97,23 +121,12 @@ def main() -> None:
         platform = Platform(arch="seed", algo=algo_name, env=args.env)
         algos = {variant: build(platform, variant) for variant in VARIANTS}
         batch = random_batch(platform, algos["default"])
-        for algo in algos.values():  # warm-up: oneDNN picks its kernels on first use
-            algo.update(batch)
-        start = time.perf_counter()
-        algos["default"].update(batch)
-        per_round = max(1, round(args.seconds / (time.perf_counter() - start)))
-        times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-        for _ in range(args.rounds):
-            for variant, algo in algos.items():
-                start = time.perf_counter()
-                for _ in range(per_round):
-                    algo.update(batch)
-                times[variant].append(1000.0 * (time.perf_counter() - start) / per_round)
+        times, per_round = time_updates(algos, batch, args.rounds, args.seconds)
         cfg = platform.spec.algo
         print(
             f"{args.env} {algo_name} ({platform.spec.preset}): {cfg.batch_size} unrolls x "
             f"{cfg.unroll_length} steps, precision {platform.spec.model.precision}, "
-            f"{args.threads} threads, {args.rounds} rounds of {per_round} updates"
+            f"{args.threads} threads, {args.rounds} rounds of {per_round['default']} updates"
         )
         base = statistics.median(times["default"])
         for variant, ms in times.items():

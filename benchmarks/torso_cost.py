@@ -14,10 +14,9 @@ of the Nature CNN's, with each torso's parameter count.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
-from conv_layout import parse_args, random_batch
+from conv_layout import parse_args, random_batch, time_updates
 
 from rlfabric import Platform
 from rlfabric.runtime.learner import make_algorithm
@@ -37,20 +36,7 @@ def main() -> None:
             torch.manual_seed(0)
             algos[torso] = make_algorithm(platform.spec, platform.env_info, 10_000_000)
         batch = random_batch(platforms["cnn"], algos["cnn"])
-        for algo in algos.values():  # warm-up: oneDNN picks its kernels on first use
-            algo.update(batch)
-        per_round = {}
-        for torso, algo in algos.items():
-            start = time.perf_counter()
-            algo.update(batch)
-            per_round[torso] = max(1, round(args.seconds / (time.perf_counter() - start)))
-        times: dict[str, list[float]] = {torso: [] for torso in TORSOS}
-        for _ in range(args.rounds):
-            for torso, algo in algos.items():
-                start = time.perf_counter()
-                for _ in range(per_round[torso]):
-                    algo.update(batch)
-                times[torso].append(1000.0 * (time.perf_counter() - start) / per_round[torso])
+        times, _ = time_updates(algos, batch, args.rounds, args.seconds)
         spec = platforms["cnn"].spec
         print(
             f"{args.env} {algo_name} ({spec.preset}): {spec.algo.batch_size} unrolls x "

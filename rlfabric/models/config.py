@@ -23,7 +23,7 @@ class ModelConfig(BaseModel):
         "(15 conv layers, 16/32/32 channels), for image observations",
     )
     hidden: list[int] = Field(
-        [64, 64], description="MLP hidden layer sizes (ignored by the CNN torso)"
+        [64, 64], description="MLP hidden layer sizes (ignored by the CNN torsos)"
     )
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation")
     cnn_features: int = Field(512, gt=0, description="width of the Nature CNN's last layer")
