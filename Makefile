@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev,docs]'
+	$(PY) -m pip install --quiet -e '.[dev,docs,wandb,mlflow]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,6 +17,7 @@ at once, each in its own process.
     python benchmarks/reproduce.py pong_seed_vtrace_preset       # the same, names only
     python benchmarks/reproduce.py pong_impala_vtrace pong_ga3c_a3c
     python benchmarks/reproduce.py pong_impala_vtrace_preset     # 10M frames, names only
+    python benchmarks/reproduce.py pong_ga3c_vtrace_preset       # the same under GA3C
     python benchmarks/reproduce.py halfcheetah_sac --seeds 0 1 --jobs 2  # 300k steps, eval >= 5000
     python benchmarks/reproduce.py hopper_td3 --seeds 0 1
     python benchmarks/reproduce.py --list
@@ -92,6 +93,13 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         "atari",
         18.0,
         "target: +18 within 10M frames (names only: the a3c/atari preset)",
+    ),
+    "pong_ga3c_vtrace_preset": Reproduction(
+        {"arch": "ga3c", "algo": "vtrace", "env": "ALE/Pong-v5"},
+        10_000_000,
+        "atari",
+        8.0,
+        "target: +8 within 10M frames (names only: the vtrace/atari preset under GA3C)",
     ),
     "pong_seed_ppo": Reproduction(
         "pong_seed_ppo.yaml",

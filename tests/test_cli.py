@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+
+from rlfabric.platform.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "cartpole_seed_vtrace.yaml"
@@ -51,9 +54,9 @@ def test_spec_show_prints_the_resolved_spec():
     [
         (("spec", "show", str(SPEC), "algo.lr=fast"), "algo.lr"),
         (("spec", "show", str(SPEC), "algo.name=dqn"), "registered: a3c, ppo, sac, td3, vtrace"),
-        (("spec", "show", "missing.yaml"), "does not exist"),
+        (("spec", "show", "missing.yaml"), "'missing.yaml' is not a spec file (no such file)"),
         (("train", "--resume", "/nonexistent/run"), "not a run folder"),
-        (("train",), "needs a spec file or --resume"),
+        (("train",), "train needs a spec file, names (--arch, --algo, --env) or overrides"),
     ],
 )
 def test_user_errors_exit_2_with_one_paragraph_and_no_traceback(args, expected):
@@ -62,6 +65,92 @@ def test_user_errors_exit_2_with_one_paragraph_and_no_traceback(args, expected):
     assert expected in out.stderr
     assert "Traceback" not in out.stderr
     assert "(traceback: " not in out.stderr  # found before anything ran: no log file
+
+
+def shown(capsys, *words: str) -> str:
+    """What `rlfabric spec show WORDS` prints, run in this process."""
+    assert main(["spec", "show", *words]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"arch": "local", "algo": "ppo", "env": "CartPole-v1"},
+        {"arch": "seed", "algo": "vtrace", "env": "ALE/Pong-v5"},
+        {"env": "Acrobot-v1"},  # the names not given are the defaults
+    ],
+    ids=["cartpole", "pong", "env-only"],
+)
+def test_names_alone_are_the_python_names_only_call(capsys, names):
+    """`--arch A --algo B --env E` resolves as `Platform(arch=A, algo=B, env=E)` does:
+    the same preset, values and provenance, as `spec show` prints them."""
+    from rlfabric.envs import describe_env
+    from rlfabric.envs.config import find_spec, is_atari
+    from rlfabric.platform.facade import Platform
+
+    spec = Platform(**names).spec
+    threshold = describe_env(spec.env).reward_threshold
+    expected = spec.to_annotated_yaml(threshold, is_atari(find_spec(spec.env.id)))
+    words = [word for name, value in names.items() for word in (f"--{name}", value)]
+    assert shown(capsys, *words) == expected
+    assert f"  id: {names['env']}  # user" in expected
+
+
+def test_overrides_alone_need_no_spec_file(capsys):
+    out = shown(capsys, "env.id=Acrobot-v1", "algo.name=ppo")
+    assert out.startswith("# preset ppo/classic")
+    assert "  id: Acrobot-v1  # user" in out and "  name: ppo  # user" in out
+    assert "  name: seed  # default" in out  # the architecture nobody named
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        # names and overrides in any order, the words after a flag included
+        (
+            ("env.id=Acrobot-v1", "--algo", "ppo", "algo.lr=0.01", "--arch", "impala"),
+            {"env": "Acrobot-v1", "algo": "ppo", "arch": "impala", "lr": 0.01},
+        ),
+        # a dotted override goes on top of a name flag
+        (("--algo", "ppo", "algo.name=a3c"), {"algo": "a3c"}),
+        # on a spec file, a name replaces its name; its other values stay
+        (
+            (str(SPEC), "--arch", "impala", "--env", "Acrobot-v1", "run.seed=3"),
+            {"env": "Acrobot-v1", "algo": "vtrace", "arch": "impala", "seed": 3, "lr": 0.005},
+        ),
+    ],
+    ids=["names-and-overrides", "override-over-flag", "spec-file-and-names"],
+)
+def test_names_overrides_and_a_spec_file_combine(capsys, words, expected):
+    spec = yaml.safe_load(shown(capsys, *words))
+    got = {
+        "env": spec["env"]["id"],
+        "algo": spec["algo"]["name"],
+        "arch": spec["arch"]["name"],
+        "lr": spec["algo"]["lr"],
+        "seed": spec["run"]["seed"],
+    }
+    assert {key: got[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("command", [["train"], ["tune"], ["spec", "show"], ["bench"]])
+def test_a_word_neither_a_file_nor_an_override_says_which_it_looked_for(capsys, command):
+    assert main([*command, "foo.yaml", "algo.lr=0.01"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: 'foo.yaml' is not a spec file (no such file) nor an override (section.field=value)"
+    ) in err
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"], ids=["empty", "comment", "{}"])
+def test_an_empty_spec_file_is_an_error_that_says_how_to_train_the_defaults(tmp_path, capsys, text):
+    empty = tmp_path / "spec.yaml"
+    empty.write_text(text)
+    assert main(["train", str(empty)]) == 2  # before anything starts
+    err = capsys.readouterr().err
+    assert f"spec file '{empty}' is empty" in err
+    assert "`rlfabric train --env CartPole-v1`" in err
 
 
 def test_resume_from_a_corrupt_checkpoint_is_a_clear_error(tmp_path):

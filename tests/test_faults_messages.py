@@ -42,11 +42,13 @@ def test_names_other_libraries_use_suggest_ours(section, written, meant):
         ExperimentSpec.build(data)
 
 
-def test_an_empty_spec_file_says_it_trains_the_defaults(tmp_path, caplog):
+def test_an_empty_spec_file_is_refused_not_read_as_the_defaults(tmp_path):
+    """Python's `from_yaml` as the CLI (tests/test_cli.py): the wrong file, or one not yet
+    saved, would train CartPole for minutes."""
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    assert ExperimentSpec.from_yaml(empty) == ExperimentSpec.build({})
-    assert f"spec file '{empty}' is empty: it trains the defaults" in caplog.text
+    with pytest.raises(SpecError, match="is empty: it names nothing to train"):
+        ExperimentSpec.from_yaml(empty)
 
 
 def test_spec_show_prints_the_stop_conditions_in_force_and_no_atari_block(capsys):

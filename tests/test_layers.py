@@ -27,6 +27,7 @@ LAYERS = {
     "models": 0,
     "envs": 0,
     "errors": 0,
+    "observations": 0,
 }
 LEAVES = [name for name, rank in LAYERS.items() if rank == 0 and (PACKAGE / name).is_dir()]
 

@@ -60,5 +60,8 @@ def test_impala_cnn_in_an_actor_critic_trains_and_scripts():
 
 
 def test_impala_cnn_needs_image_observations():
-    with pytest.raises(UnsupportedSpaceError, match=r"impala_cnn.*needs \[C, H, W\]"):
+    with pytest.raises(
+        UnsupportedSpaceError,
+        match=r"impala_cnn.*needs image observations \(a 3-D Box, \[C, H, W\]",
+    ):
         build_torso(gym.spaces.Box(-1, 1, (8,), np.float32), ModelConfig(torso="impala_cnn"))

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rlfabric.models import ModelConfig, ObsNormalizer
+from rlfabric.observations import obs_map
 from rlfabric.sparse import SparseConfig, SparseTrainer, forward_flops, training_flops
 
 DataKind = Literal["trajectory", "replay"]
@@ -458,7 +459,11 @@ def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     """Numpy batch to torch: without copying on the CPU; to a GPU through pinned memory,
     each copy queued on the stream without waiting (a pageable copy blocks the host)."""
     if device.type != "cuda":
-        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-    return {
-        k: torch.as_tensor(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()
-    }
+        return {
+            k: obs_map(lambda x: torch.as_tensor(x, device=device), v) for k, v in batch.items()
+        }
+
+    def pinned(x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(x).pin_memory().to(device, non_blocking=True)
+
+    return {k: obs_map(pinned, v) for k, v in batch.items()}

@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from rlfabric.algorithms.base import AlgoConfig, Algorithm, SparseRole
 from rlfabric.algorithms.offpolicy_networks import EnsembleQ, SeparateQ
 from rlfabric.models import ModelConfig, build_obs_normalizer
-from rlfabric.models.config import runs_bf16
+from rlfabric.models.config import runs_bf16, torso_name
 
 
 class OffPolicyConfig(AlgoConfig):
@@ -184,6 +184,7 @@ class OffPolicyAlgorithm(Algorithm):
 
     @classmethod
     def check_model(cls, model_cfg: ModelConfig) -> None:
+        check_offpolicy_torso(cls.config_cls.model_fields["name"].default, model_cfg)
         if model_cfg.sde:
             name = cls.config_cls.model_fields["name"].default
             raise ValueError(
@@ -198,6 +199,12 @@ class OffPolicyAlgorithm(Algorithm):
         the half range, which is 0 where low == high)."""
         super().check_spaces(obs_space, action_space)
         name = cls.config_cls.model_fields["name"].default
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(
+                f"algorithm '{name}' takes Box observations (its networks are MLPs on the "
+                f"flat observation), got {obs_space}; allowed: Box (a wrapper in env.wrappers "
+                "can map the observations to one)"
+            )
         if len(action_space.shape) != 1 or not (
             np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))
         ):
@@ -372,6 +379,17 @@ class OffPolicyAlgorithm(Algorithm):
         self.set_lr(self.cfg.lr)  # the spec's lr, not the saved one (as the base class)
         self.updates = int(state["updates"])
         self.load_sparse_state(state)
+
+
+def check_offpolicy_torso(name: str, model_cfg: ModelConfig) -> None:
+    """SAC and TD3 build MLPs on the flat observation (`offpolicy_networks`): refuse a
+    `model.torso` they would not build, rather than train something else."""
+    if model_cfg.torso not in ("auto", "mlp"):
+        raise ValueError(
+            f"algorithm '{name}' builds MLP actors and critics on the flat observation; "
+            f"model.torso={torso_name(model_cfg.torso)!r} is "
+            "for the on-policy algorithms for now (allowed: 'auto' or 'mlp')"
+        )
 
 
 class _GreedyActor(nn.Module):

@@ -35,7 +35,7 @@ batch may come from a policy that lags the learner:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -53,6 +53,7 @@ from rlfabric.algorithms.trajectory import (
     score_minibatch,
     unroll_steps,
 )
+from rlfabric.observations import obs_map
 
 
 class PPOConfig(ActorCriticConfig):
@@ -74,6 +75,11 @@ class PPOConfig(ActorCriticConfig):
     clip_value_loss: bool = Field(True, description="clip the value change to +-clip_coef")
     normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
     value_cost: float = Field(0.5, ge=0, description="weight of the value loss (vf_coef)")
+
+
+def take(data: dict[str, Any], axis: int, index: Tensor) -> dict[str, Any]:
+    """The minibatch of `data` at `index` along `axis` (each entry of dict observations)."""
+    return {k: obs_map(lambda x: x.index_select(axis, index), v) for k, v in data.items()}
 
 
 def minibatch_indices(size: int, num_minibatches: int, device: torch.device) -> list[Tensor]:
@@ -143,7 +149,7 @@ class PPO(ActorCriticAlgorithm):
         steps_taken = 0
         for _ in range(cfg.epochs):
             for index in minibatch_indices(size, cfg.num_minibatches, data["valid"].device):
-                minibatch = {k: v.index_select(axis, index) for k, v in data.items()}
+                minibatch = take(data, axis, index)
                 for key, value in self._minibatch_step(minibatch).items():
                     totals[key] += value
                 steps_taken += 1

@@ -29,7 +29,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from rlfabric.algorithms.offpolicy import OffPolicyAlgorithm, OffPolicyConfig, frozen, polyak
+from rlfabric.algorithms.offpolicy import (
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    check_offpolicy_torso,
+    frozen,
+    polyak,
+)
 from rlfabric.algorithms.offpolicy_networks import mlp, run_mixed
 from rlfabric.models import ModelConfig
 from rlfabric.models.networks import SDE_EPS, advance_held_noise, draw_noise_matrices
@@ -164,7 +170,9 @@ class SAC(OffPolicyAlgorithm):
 
     @classmethod
     def check_model(cls, model_cfg: ModelConfig) -> None:
-        """SAC takes gSDE (`model.sde`); its other model fields are not read."""
+        """SAC takes gSDE (`model.sde`); of the other model fields it reads only the
+        torso's kind (an MLP)."""
+        check_offpolicy_torso("sac", model_cfg)
 
     def deterministic_actor(self) -> nn.Module:
         return _TanhMean(self.actor)

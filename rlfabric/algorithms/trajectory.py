@@ -29,6 +29,7 @@ from rlfabric.algorithms.base import Algorithm, SparseRole, TrajectoryConfig, to
 from rlfabric.algorithms.optim import RMSpropTF
 from rlfabric.models import ActorCritic, ModelConfig, RewardScaler
 from rlfabric.models.networks import SDEGaussianHead, advance_held_noise
+from rlfabric.observations import batch_len, obs_map, sample_batch
 
 
 class ActorCriticConfig(TrajectoryConfig):
@@ -146,8 +147,12 @@ def minibatch_layout(
     """
     if model.recurrent:
         return batch | targets, 1
-    steps = {"obs": batch["obs"][:-1], "action": batch["action"], "logp": batch["logp"]}
-    return {k: v.flatten(0, 1) for k, v in (steps | targets).items()}, 0
+    steps = {
+        "obs": obs_map(lambda x: x[:-1], batch["obs"]),
+        "action": batch["action"],
+        "logp": batch["logp"],
+    }
+    return {k: obs_map(lambda x: x.flatten(0, 1), v) for k, v in (steps | targets).items()}, 0
 
 
 def score_minibatch(model: ActorCritic, mb: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -156,7 +161,7 @@ def score_minibatch(model: ActorCritic, mb: dict[str, Tensor]) -> tuple[Tensor, 
     if model.recurrent:
         logp, entropy, values = evaluate(model, mb)
         return logp, entropy, values[:-1]
-    params, values = model(mb["obs"][None])
+    params, values = model(obs_map(lambda x: x[None], mb["obs"]))
     dist = model.distribution(params[0])
     return dist.log_prob(mb["action"]), dist.entropy(), values[0]
 
@@ -164,13 +169,19 @@ def score_minibatch(model: ActorCritic, mb: dict[str, Tensor]) -> tuple[Tensor, 
 class ActorCriticAlgorithm(Algorithm):
     """An `ActorCritic` network, its optimizer and the sampling policy step.
 
-    Subclasses implement `update`; they act in Discrete (categorical head) and
-    1-D Box (diagonal Gaussian head) action spaces.
+    Subclasses implement `update`; they act in Discrete (categorical head),
+    MultiDiscrete (a categorical per dimension), MultiBinary (Bernoulli) and 1-D Box
+    (diagonal Gaussian head) action spaces.
     """
 
     config_cls: ClassVar[type[ActorCriticConfig]]
     data = "trajectory"
-    action_spaces = (gym.spaces.Discrete, gym.spaces.Box)
+    action_spaces = (
+        gym.spaces.Discrete,
+        gym.spaces.MultiDiscrete,
+        gym.spaces.MultiBinary,
+        gym.spaces.Box,
+    )
     sparse_roles_reason = (
         "The policy and the value heads share one network and optimizer (one torso, or two "
         "with model.shared_torso=false), so the whole network is one role: sparse.actor."
@@ -230,7 +241,7 @@ class ActorCriticAlgorithm(Algorithm):
         device = self.device
         sde = isinstance(self.model.policy, SDEGaussianHead)
         params, _, state_out = self.model.unroll(
-            torch.as_tensor(obs, device=device)[None],
+            obs_map(lambda x: torch.as_tensor(x, device=device)[None], obs),
             None if first is None else torch.as_tensor(first, device=device)[None],
             None if state is None or sde else torch.as_tensor(state, device=device),
         )
@@ -239,13 +250,15 @@ class ActorCriticAlgorithm(Algorithm):
         if deterministic:
             action = self.model.mode(params)
         elif sde:
-            held = self.acting_state(len(obs)) if state is None else state
+            held = self.acting_state(batch_len(obs)) if state is None else state
             action, state_out = self._explore(params, torch.as_tensor(held, device=device))
         else:
             action = dist.sample()
         logp = dist.log_prob(action)
         next_state = None if state_out is None else state_out.cpu().numpy()
-        return action.cpu().numpy(), {"logp": logp.cpu().numpy()}, next_state
+        # The env's own dtype (int8 for MultiBinary, whose Bernoulli samples are floats).
+        action_np = action.cpu().numpy().astype(self.action_space.dtype, copy=False)
+        return action_np, {"logp": logp.cpu().numpy()}, next_state
 
     def acting_state(self, num_envs: int) -> np.ndarray | None:
         """With `model.sde`, each env's gSDE noise `[N, 1 + features x actions]`: the
@@ -279,7 +292,7 @@ class ActorCriticAlgorithm(Algorithm):
         batch's rewards come back scaled by them.
         """
         b = to_tensors(batch, self.device)
-        self.update_obs_stats(b["obs"][:-1])
+        self.update_obs_stats(obs_map(lambda x: x[:-1], b["obs"]))
         if self.reward_scaler is not None:
             if "return" not in b:
                 raise RuntimeError(
@@ -339,12 +352,12 @@ class ActorCriticAlgorithm(Algorithm):
 
     def sparse_roles(self) -> dict[str, SparseRole]:
         """One role, "actor": the whole shared network (torso, core, heads), one optimizer."""
-        obs = np.zeros((1, 1, *self.obs_space.shape), self.obs_space.dtype)
+        obs = obs_map(lambda x: x[None], sample_batch(self.obs_space, 1))
         return {
             "actor": SparseRole(
                 self.model,
                 self.optimizer,
-                lambda: (torch.as_tensor(obs, device=self.device),),
+                lambda: (obs_map(lambda x: torch.as_tensor(x, device=self.device), obs),),
                 steps_per_update=Fraction(self.optimizer_steps_per_update()),
             )
         }
@@ -362,7 +375,7 @@ class _GreedyActorCritic(torch.nn.Module):
         self, obs: Tensor, state: Tensor | None = None, first: Tensor | None = None
     ) -> Tensor | tuple[Tensor, Tensor]:
         params, _, next_state = self.model.unroll(
-            obs[None], None if first is None else first[None], state
+            obs_map(lambda x: x[None], obs), None if first is None else first[None], state
         )
         action = self.model.mode(params[0])
         return action if next_state is None else (action, next_state)

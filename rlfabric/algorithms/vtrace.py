@@ -33,7 +33,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from rlfabric.algorithms.ppo import clipped_policy_loss, minibatch_indices
+from rlfabric.algorithms.ppo import clipped_policy_loss, minibatch_indices, take
 from rlfabric.algorithms.returns import vtrace
 from rlfabric.algorithms.trajectory import (
     ActorCriticAlgorithm,
@@ -221,7 +221,7 @@ class VTrace(ActorCriticAlgorithm):
         metrics = []
         valid = data["valid"]
         for index in minibatch_indices(valid.shape[axis], self.cfg.num_minibatches, valid.device):
-            mb = {k: v.index_select(axis, index) for k, v in data.items()}
+            mb = take(data, axis, index)
             logp, entropy, values = score_minibatch(self.model, mb)
             metrics.append(self._loss_step(logp, entropy, values, mb["logp"], mb))
         return metrics

@@ -27,6 +27,7 @@ from rlfabric.architectures.base import RunnerArchConfig, TopologySpec
 from rlfabric.architectures.runner_pool import RayEnvRunner
 from rlfabric.architectures.topology import LearnerAndRunners, learner_options
 from rlfabric.envs import EnvInfo
+from rlfabric.observations import batch_len
 from rlfabric.runtime.acting import RecurrentStates, UniformActions, act_on_requests
 from rlfabric.runtime.faults import call
 from rlfabric.runtime.learner import make_algorithm
@@ -131,7 +132,7 @@ class ImpalaEnvRunner(RayEnvRunner):
         self, obs: np.ndarray, state: np.ndarray | None, first: np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         if self.explore is not None and self.version == 0:
-            action, extras, state = self.explore(len(obs))
+            action, extras, state = self.explore(batch_len(obs))
         else:
             action, extras, state = self.algorithm.act(obs, state, first)
         extras["policy_version"] = np.full(len(action), self.version, np.int64)

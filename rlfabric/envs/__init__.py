@@ -3,7 +3,7 @@
 Pure gymnasium and numpy, no Ray or torch: the env runners build their vector envs here.
 """
 
-from rlfabric.envs.config import AtariConfig, EnvConfig
+from rlfabric.envs.config import AtariConfig, EnvConfig, WrapperConfig
 from rlfabric.envs.episodes import EpisodeTracker
 from rlfabric.envs.factory import EnvInfo, describe_env, ensure_registered, make_vector_env
 
@@ -12,6 +12,7 @@ __all__ = [
     "EnvConfig",
     "EnvInfo",
     "EpisodeTracker",
+    "WrapperConfig",
     "describe_env",
     "ensure_registered",
     "make_vector_env",

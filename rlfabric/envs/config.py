@@ -6,13 +6,15 @@ Machado et al. 2018 ("Revisiting the Arcade Learning Environment", the v5 protoc
 ale-py's C++ ``AtariVectorEnv`` implements it. These are the IMPALA / SEED RL settings too,
 except that rewards are never clipped here: clipping is the algorithm's job.
 
-Validation is cheap on purpose: it looks ids up in the gymnasium registry and never builds an
-environment, so a spec with a typo fails before any actor starts.
+Validation is cheap on purpose: it looks ids up in the gymnasium registry and imports the
+modules of ``env.wrappers``, and never builds an environment, so a spec with a typo fails
+before any actor starts (``describe_env`` then applies the wrappers to one probe env).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import ale_py
@@ -20,6 +22,8 @@ import gymnasium
 from ale_py.registration import rom_id_to_name
 from gymnasium.envs.registration import EnvSpec
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlfabric.envs.wrappers import ALLOWED, resolve
 
 # Importing ale_py registers the ALE ids; the call only makes that dependency explicit.
 gymnasium.register_envs(ale_py)
@@ -69,6 +73,48 @@ class AtariConfig(BaseModel):
     )
 
 
+class WrapperConfig(BaseModel):
+    """One gymnasium wrapper of ``env.wrappers``, applied to each env as
+    ``wrapper(env, **kwargs)``; a string entry is shorthand for ``{path: ...}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Import path 'module:attr' of a wrapper class or function.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword args for the wrapper, after the env."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"path": value}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{ALLOWED} (given: {value!r})")
+        unknown = sorted(str(k) for k in value if k not in cls.model_fields)
+        if unknown or "path" not in value:
+            what = f"unknown key(s) {unknown}" if unknown else "no path"
+            raise ValueError(f"the entry {dict(value)!r} has {what}; {ALLOWED}")
+        kwargs = value.get("kwargs")
+        if kwargs is None:  # `kwargs:` left empty in YAML
+            return {k: v for k, v in value.items() if k != "kwargs"}
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(
+                f"kwargs of {value.get('path')!r} must be a mapping of keyword arguments "
+                f"(given: {kwargs!r}); {ALLOWED}"
+            )
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        try:
+            resolve(value)
+        except ValueError as err:
+            raise ValueError(f"{err}; {ALLOWED}") from None
+        return value
+
+
 class EnvConfig(BaseModel):
     """Which environment, how many copies per env runner, and how they are stepped."""
 
@@ -91,6 +137,10 @@ class EnvConfig(BaseModel):
     )
     atari: AtariConfig = Field(
         default_factory=AtariConfig, description="Atari preprocessing (ALE ids only)."
+    )
+    wrappers: list[WrapperConfig] = Field(
+        default_factory=list,
+        description="Gymnasium wrappers for each env, in order: 'module:attr' or {path, kwargs}.",
     )
 
     @field_validator("id")
@@ -117,6 +167,16 @@ class EnvConfig(BaseModel):
             raise ValueError(
                 f"vectorization={self.vectorization!r} is not available for {self.id!r}: Atari ids "
                 "always run in ale-py's C++ AtariVectorEnv; use vectorization='auto'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _wrappers_need_gymnasium_envs(self) -> EnvConfig:
+        if self.wrappers and is_atari(find_spec(self.id)):
+            raise ValueError(
+                f"env.wrappers is not available for {self.id!r}: Atari ids run in ale-py's C++ "
+                "AtariVectorEnv, with no gymnasium env per game to wrap; the preprocessing "
+                "comes from env.atari (allowed: wrappers: [])"
             )
         return self
 

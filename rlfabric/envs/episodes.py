@@ -12,6 +12,9 @@ scores. A life loss is a termination with ``info["lives"] > 0``. ALE may still r
 game right after it (the game ended with lives left, or hit the frame limit), which the step
 after shows by ``info["episode_frame_number"]`` dropping: the game is then reported one step
 late, at that reset step.
+
+Returns are sums of the env's own rewards: with ``env.wrappers`` the reward each env gave
+before the user's wrappers, which ``info["rlfabric_env_reward"]`` carries (``wrappers.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from rlfabric.envs.wrappers import env_rewards
 
 
 class EpisodeTracker:
@@ -71,10 +76,12 @@ class EpisodeTracker:
         """Account one vector step; return (returns, lengths) of the episodes it ended.
 
         Both arrays have one entry per ended episode (float64 and int64; empty if none).
-        ``info`` is only read with ``episodic_life`` (``lives``, ``episode_frame_number``).
+        ``info`` gives the env's own rewards where the user's wrappers changed them
+        (``rlfabric_env_reward``) and, with ``episodic_life``, ``lives`` and
+        ``episode_frame_number``.
         """
         counted = ~self._autoreset
-        self._returns += np.where(counted, reward, 0.0)
+        self._returns += np.where(counted, env_rewards(reward, info), 0.0)
         self._lengths += counted
         done = (terminated | truncated) & counted
         ended = done

@@ -7,7 +7,8 @@ Every vector env made here keeps the contract the platform relies on:
 - ``terminated`` and ``truncated`` stay apart (a truncated episode bootstraps);
 - float Box observations are float32, rewards a float numpy array;
 - continuous actions are clipped to the action-space bounds inside the env, so a policy may
-  emit unbounded Gaussian samples while ``single_action_space`` keeps its bounds.
+  emit unbounded Gaussian samples while ``single_action_space`` keeps its bounds;
+- the user's ``env.wrappers`` wrap each env beneath all of that (``wrappers.py`` says why).
 
 The caller resets: ``envs.reset(seed=seed)`` seeds every env from ``seed`` (sync, async and
 ALE: env ``i`` gets ``seed + i``; a native vector env draws all from one generator).
@@ -26,9 +27,12 @@ from ale_py.vector_env import AtariVectorEnv
 from gymnasium import spaces
 from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers.vector import TransformAction, TransformObservation
 
 from rlfabric.envs.config import AtariConfig, EnvConfig, find_spec, is_atari
+from rlfabric.envs.wrappers import wrapper_chain
+from rlfabric.observations import flat_dict_space, flatten_obs
 
 Family = Literal["classic", "atari", "mujoco", "other"]
 
@@ -74,7 +78,9 @@ def env_family(spec: EnvSpec) -> Family:
 
 
 def describe_env(cfg: EnvConfig) -> EnvInfo:
-    """Spaces and registry facts of ``cfg.id``, exactly as :func:`make_vector_env` makes it."""
+    """Spaces and registry facts of ``cfg.id``, exactly as :func:`make_vector_env` makes it:
+    the spaces of the last of ``cfg.wrappers``. Building the env is the probe of the
+    wrappers: one that raises is a SpecError naming it, before any actor starts."""
     spec = find_spec(cfg.id)
     # Same spaces as async, without starting a worker process.
     sync = cfg.model_copy(update={"vectorization": "sync"}) if cfg.vectorization == "async" else cfg
@@ -121,7 +127,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:
     if is_atari(spec):
         envs = make_atari_vector_env(spec.kwargs["game"], num_envs, cfg.atari, cfg.kwargs)
     else:
-        mode = _vectorization_mode(spec, cfg.vectorization)
+        wrappers = wrapper_chain(cfg.wrappers)  # imports their modules in this process
+        mode = _vectorization_mode(spec, cfg.vectorization, wrapped=bool(wrappers))
         envs = gymnasium.make_vec(
             cfg.id,
             num_envs=num_envs,
@@ -129,9 +136,10 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:
             vector_kwargs=(
                 {} if mode == "vector_entry_point" else {"autoreset_mode": AutoresetMode.NEXT_STEP}
             ),
+            wrappers=wrappers,
             **cfg.kwargs,
         )
-        envs = _float32_observations(_clipped_actions(envs))
+        envs = _flat_dict_observations(_float32_observations(_clipped_actions(envs)))
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
@@ -235,9 +243,10 @@ class _DeepMindAtariVectorEnv(AtariVectorEnv):
         return obs, reward, terminated, truncated, info
 
 
-def _vectorization_mode(spec: EnvSpec, vectorization: str) -> str:
-    """auto picks the id's own vector env, but only one that autoresets in NEXT_STEP mode."""
-    if vectorization == "auto" and spec.vector_entry_point is not None:
+def _vectorization_mode(spec: EnvSpec, vectorization: str, wrapped: bool = False) -> str:
+    """auto picks the id's own vector env, but only one that autoresets in NEXT_STEP mode
+    and only without per-env wrappers (a native vector env has no single env to wrap)."""
+    if vectorization == "auto" and spec.vector_entry_point is not None and not wrapped:
         creator = load_env_creator(spec.vector_entry_point)
         if getattr(creator, "metadata", {}).get("autoreset_mode") == AutoresetMode.NEXT_STEP:
             return "vector_entry_point"
@@ -251,6 +260,38 @@ def _clipped_actions(envs: VectorEnv) -> VectorEnv:
         return envs
     low, high, dtype = space.low, space.high, space.dtype
     return TransformAction(envs, lambda a: np.clip(np.asarray(a, dtype=dtype), low, high))
+
+
+def _flat_dict_observations(envs: VectorEnv) -> VectorEnv:
+    """Dict/Tuple observations, nested or not, as one flat dict of arrays keyed by each
+    entry's path (`rlfabric.observations`): every later layer sees one level of keys.
+    Float Box entries become float32, as whole Box observations do."""
+    flat = flat_dict_space(envs.single_observation_space)
+    if flat is None:
+        return envs
+    floats = {
+        k
+        for k, sub in flat.spaces.items()
+        if isinstance(sub, spaces.Box) and np.issubdtype(sub.dtype, np.floating)
+    }
+    for key in floats:
+        sub = flat.spaces[key]
+        flat.spaces[key] = spaces.Box(
+            sub.low.astype(np.float32), sub.high.astype(np.float32), dtype=np.float32
+        )
+
+    def flatten(obs: Any) -> dict[str, np.ndarray]:
+        entries = flatten_obs(obs)
+        for key in floats:
+            entries[key] = entries[key].astype(np.float32, copy=False)
+        return entries
+
+    return TransformObservation(
+        envs,
+        flatten,
+        observation_space=batch_space(flat, envs.num_envs),
+        single_observation_space=flat,
+    )
 
 
 def _float32_observations(envs: VectorEnv) -> VectorEnv:

@@ -8,57 +8,55 @@ import torch
 from torch import nn
 
 from rlfabric.models.config import ModelConfig, runs_bf16
+from rlfabric.models.encoders import Obs, build_torso
 from rlfabric.models.networks import (
-    MLP,
+    BernoulliHead,
     CategoricalHead,
     GaussianHead,
-    ImpalaCNN,
-    NatureCNN,
+    MultiCategoricalHead,
     SDEGaussianHead,
     init_layer,
-    is_image_space,
 )
 from rlfabric.models.normalization import build_obs_normalizer
-
-
-class UnsupportedSpaceError(ValueError):
-    """An observation or action space no model here can handle."""
-
-
-def build_torso(obs_space: gym.Space, cfg: ModelConfig) -> nn.Module:
-    """Pick the torso from the observation space unless the spec names one."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise UnsupportedSpaceError(
-            f"observation space {obs_space} is not supported; allowed: Box observations"
-        )
-    torso = cfg.torso
-    if torso == "auto":
-        torso = "cnn" if is_image_space(obs_space) else "mlp"
-    if torso in ("cnn", "impala_cnn"):
-        if len(obs_space.shape) != 3:
-            raise UnsupportedSpaceError(
-                f"model.torso={torso!r} needs [C, H, W] observations, got shape {obs_space.shape}"
-            )
-        if torso == "impala_cnn":
-            return ImpalaCNN(tuple(obs_space.shape), cfg.impala_features)
-        return NatureCNN(tuple(obs_space.shape), cfg.cnn_features)
-    return MLP(int(np.prod(obs_space.shape)), cfg.hidden, cfg.activation)
+from rlfabric.observations import UnsupportedSpaceError, first_array, obs_map
 
 
 def build_policy_head(in_dim: int, action_space: gym.Space, cfg: ModelConfig) -> nn.Module:
-    """Categorical for Discrete actions, diagonal Gaussian for 1-D Box actions."""
+    """Categorical for Discrete actions, one categorical per dimension for MultiDiscrete,
+    Bernoulli for MultiBinary, diagonal Gaussian for 1-D Box actions."""
+    discrete = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    if isinstance(action_space, discrete) and cfg.sde:
+        raise UnsupportedSpaceError(
+            f"model.sde=true explores continuous actions; {action_space} is discrete "
+            "(allowed: model.sde=false)"
+        )
     if isinstance(action_space, gym.spaces.Discrete):
-        if cfg.sde:
+        if action_space.start != 0:
             raise UnsupportedSpaceError(
-                f"model.sde=true explores continuous actions; {action_space} is discrete "
-                "(allowed: model.sde=false)"
+                f"action space {action_space} starts at {action_space.start}; the categorical "
+                "head acts in 0..n-1 (allowed: Discrete(n) with start 0; a wrapper in "
+                "env.wrappers can shift the actions)"
             )
         return CategoricalHead(in_dim, int(action_space.n))
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        if action_space.nvec.ndim != 1 or np.any(action_space.start != 0):
+            raise UnsupportedSpaceError(
+                f"action space {action_space} is not supported; allowed: a 1-D MultiDiscrete "
+                "starting at 0 (a wrapper in env.wrappers can flatten or shift it)"
+            )
+        return MultiCategoricalHead(in_dim, tuple(action_space.nvec.tolist()))
+    if isinstance(action_space, gym.spaces.MultiBinary):
+        if len(action_space.shape) != 1:
+            raise UnsupportedSpaceError(
+                f"action space {action_space} is not supported; allowed: a 1-D MultiBinary"
+            )
+        return BernoulliHead(in_dim, int(action_space.n))
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         head = SDEGaussianHead if cfg.sde else GaussianHead
         return head(in_dim, action_space.shape[0], cfg.log_std_init)
     raise UnsupportedSpaceError(
-        f"action space {action_space} is not supported; allowed: Discrete or 1-D Box"
+        f"action space {action_space} is not supported; allowed: Discrete, MultiDiscrete, "
+        "MultiBinary or 1-D Box"
     )
 
 
@@ -69,11 +67,13 @@ class ActorCritic(nn.Module):
     (`models.normalization`) before both torsos, as Sample Factory's normalizer sits at
     the front of its model: the model takes observations as the env gives them.
 
-    With `shared_torso=False` the value head sits on its own MLP torso of the same
-    shape, as CleanRL's `ppo_continuous_action.py` keeps separate actor and critic
-    networks, so that the value loss does not shape the policy's features.
+    With `shared_torso=False` the value head sits on its own torso of the same kind,
+    as CleanRL's `ppo_continuous_action.py` keeps separate actor and critic networks
+    (SB3's `share_features_extractor=False`), so that the value loss does not shape the
+    policy's features.
 
-    Inputs are time-major `[T, B, ...]`. `forward` returns the policy
+    Inputs are time-major `[T, B, ...]`: a tensor, or a dict of them for Dict/Tuple
+    observations (`models.encoders`). `forward` returns the policy
     parameters `[T, B, P]` and values `[T, B]`; `unroll` also returns the
     recurrent state after the last step. The state is one tensor `[B, 2, H]`
     (LSTM h and c), zeroed wherever `first[t]` says an episode starts, so the
@@ -86,14 +86,11 @@ class ActorCritic(nn.Module):
         self.obs_norm = build_obs_normalizer(obs_space, cfg)
         self.value_torso: nn.Module | None = None
         if not cfg.shared_torso:
-            if not isinstance(self.torso, MLP) or cfg.lstm:
-                kind = "impala_cnn" if isinstance(self.torso, ImpalaCNN) else "cnn"
-                kind = "mlp" if isinstance(self.torso, MLP) else kind
+            if cfg.lstm:
                 raise ValueError(
-                    "model.shared_torso=false gives the value its own MLP torso, which needs "
-                    f"an MLP policy torso without an LSTM core; got torso '{kind}' and "
-                    f"model.lstm={cfg.lstm} (allowed: model.shared_torso=true, or an MLP "
-                    "torso with model.lstm=0)"
+                    "model.shared_torso=false gives the value its own torso, beside the "
+                    f"policy's LSTM core, which the value reads when shared; got model.lstm="
+                    f"{cfg.lstm} (allowed: model.shared_torso=true, or model.lstm=0)"
                 )
             self.value_torso = build_torso(obs_space, cfg)
         if cfg.sde and cfg.lstm:
@@ -121,7 +118,7 @@ class ActorCritic(nn.Module):
 
     def forward(
         self,
-        obs: torch.Tensor,
+        obs: Obs,
         first: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,17 +127,18 @@ class ActorCritic(nn.Module):
 
     def unroll(
         self,
-        obs: torch.Tensor,
+        obs: Obs,
         first: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        time, batch = obs.shape[:2]
+        lead = first_array(obs)
+        time, batch, device = lead.shape[0], lead.shape[1], lead.device
         if self.obs_norm is not None:  # in float32, before any autocast
             obs = self.obs_norm(obs)
-        flat = obs.reshape(time * batch, *obs.shape[2:])
+        flat = obs_map(lambda x: x.reshape(time * batch, *x.shape[2:]), obs)
         # Mixed precision stops at the torso: core, heads, losses and targets stay float32.
-        bf16 = runs_bf16(self.precision, obs.device)
-        with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16):
+        bf16 = runs_bf16(self.precision, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             features = self.torso(flat)
             value_features = features if self.value_torso is None else self.value_torso(flat)
         features = features.float()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+
+BUILTIN_TORSOS = ("auto", "mlp", "cnn", "impala_cnn")
 
 
 class ModelConfig(BaseModel):
@@ -16,11 +19,23 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    torso: Literal["auto", "mlp", "cnn", "impala_cnn"] = Field(
+    torso: str | Callable[..., Any] = Field(
         "auto",
         description="feature extractor: 'auto' picks the Nature CNN ('cnn') for image "
-        "observations (uint8, 3-D) and an MLP otherwise; 'impala_cnn': IMPALA's deep ResNet "
-        "(15 conv layers, 16/32/32 channels), for image observations",
+        "observations (uint8, 3-D, 36 pixels or more a side) and an MLP otherwise (one-hot "
+        "for discrete entries; a CNN per image entry of a Dict); 'impala_cnn': IMPALA's deep "
+        "ResNet (15 conv layers, 16/32/32 channels); or your own: an import path "
+        "'module:Class' (Python: the class or a factory), built as "
+        "Torso(obs_space, **torso_kwargs) with an int out_dim",
+    )
+    torso_kwargs: dict[str, Any] = Field(
+        {}, description="keyword arguments of your own torso (model.torso as an import path)"
+    )
+    image_layout: Literal["auto", "chw", "hwc"] = Field(
+        "auto",
+        description="axis order of image observations: 'chw' channels first (Atari here), "
+        "'hwc' channels last (MiniGrid, most image envs); 'auto': the shorter of the first "
+        "and last axes is the channel axis",
     )
     hidden: list[int] = Field(
         [64, 64], description="MLP hidden layer sizes (ignored by the CNN torsos)"
@@ -72,6 +87,20 @@ class ModelConfig(BaseModel):
         "(algo.unroll_length), as SB3's -1 holds it for a rollout. Read only with sde",
     )
 
+    @field_validator("torso")
+    @classmethod
+    def _known_torso(cls, torso: str | Callable[..., Any]) -> str | Callable[..., Any]:
+        if isinstance(torso, str) and torso not in BUILTIN_TORSOS and ":" not in torso:
+            raise ValueError(
+                f"unknown torso {torso!r}; allowed: {', '.join(BUILTIN_TORSOS)}, or an import "
+                "path 'module:Class' to your own"
+            )
+        return torso
+
+    @field_serializer("torso")
+    def _torso_path(self, torso: str | Callable[..., Any]) -> str:
+        return torso_name(torso)
+
     @field_validator("sde_sample_freq")
     @classmethod
     def _no_zero_frequency(cls, freq: int) -> int:
@@ -85,6 +114,13 @@ class ModelConfig(BaseModel):
         if not sizes or any(s <= 0 for s in sizes):
             raise ValueError(f"hidden sizes must be a non-empty list of positive ints, got {sizes}")
         return sizes
+
+
+def torso_name(torso: str | Callable[..., Any]) -> str:
+    """`model.torso` as the spec writes it: a class or factory given in Python becomes its
+    import path, so the spec a run saves names it (one from the driver's `__main__` can
+    then be resumed from Python only, where the class is passed again)."""
+    return torso if isinstance(torso, str) else f"{torso.__module__}:{torso.__qualname__}"
 
 
 def runs_bf16(precision: str, device: torch.device) -> bool:

@@ -1,4 +1,5 @@
-"""Torsos (MLP, Nature CNN, IMPALA's ResNet) and heads (categorical, diagonal Gaussian, value).
+"""Torsos (MLP, Nature CNN, IMPALA's ResNet) and heads (categorical, one categorical per
+MultiDiscrete dimension, Bernoulli, diagonal Gaussian, value).
 
 Initialisation follows CleanRL's `ppo_atari.py`: orthogonal weights with gain
 sqrt(2) in the torso, 0.01 for the policy head and 1 for the value head, so
@@ -14,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Independent, Normal
+from torch.distributions import Bernoulli, Categorical, Independent, Normal
 
 SDE_EPS = 1e-6
 """Added to gSDE's variance under the square root (SB3's `epsilon`)."""
@@ -28,10 +29,14 @@ def init_layer(layer: nn.Module, gain: float = math.sqrt(2.0)) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Flatten the observation, then hidden layers with one activation."""
+    """Flatten the observation (or `encode` it: one-hot for discrete spaces), then hidden
+    layers with one activation."""
 
-    def __init__(self, in_dim: int, hidden: list[int], activation: str) -> None:
+    def __init__(
+        self, in_dim: int, hidden: list[int], activation: str, encode: nn.Module | None = None
+    ) -> None:
         super().__init__()
+        self.encode = encode
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         layers: list[nn.Module] = []
         for width in hidden:
@@ -41,29 +46,49 @@ class MLP(nn.Module):
         self.out_dim = in_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.flatten(1).float())
+        return self.net(obs.flatten(1).float() if self.encode is None else self.encode(obs))
 
 
 class PixelTorso(nn.Module):
-    """A conv stack on pixels scaled by 1/255 (uint8 `[C, H, W]` in), then one ReLU layer
-    of `features` units: the shape the Nature CNN and IMPALA's ResNet share."""
+    """A conv stack on pixels, then one ReLU layer of `features` units: the shape the
+    Nature CNN and IMPALA's ResNet share.
 
-    def __init__(self, conv: nn.Sequential, obs_shape: tuple[int, ...], features: int) -> None:
+    `obs_shape` is `[C, H, W]`; with `channels_last` the observations come as
+    `[H, W, C]` (MiniGrid, most image envs outside Atari) and are permuted here, so
+    the env needs no wrapper. Pixels are multiplied by `scale`: 1/255 for uint8 frames,
+    1 for float images, taken as the env gives them.
+    """
+
+    def __init__(
+        self,
+        conv: nn.Sequential,
+        obs_shape: tuple[int, ...],
+        features: int,
+        channels_last: bool = False,
+        scale: float = 1.0 / 255.0,
+    ) -> None:
         super().__init__()
         self.conv = conv
+        self.channels_last, self.scale = channels_last, scale
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
         self.fc = nn.Sequential(init_layer(nn.Linear(flat, features)), nn.ReLU())
         self.out_dim = features
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(obs.float() / 255.0))
+        x = obs.float()
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.fc(self.conv(x * self.scale))
 
 
 class NatureCNN(PixelTorso):
     """The DQN/IMPALA-shallow Atari torso (Mnih et al. 2015): uint8 [C, 84, 84] in."""
 
-    def __init__(self, obs_shape: tuple[int, ...], features: int) -> None:
+    #: The smallest frame side its 8-4-3 kernels with strides 4-2-1 take.
+    min_side = 36
+
+    def __init__(self, obs_shape: tuple[int, ...], features: int, **pixels: float) -> None:
         channels = obs_shape[0]
         conv = nn.Sequential(
             init_layer(nn.Conv2d(channels, 32, 8, stride=4)),
@@ -74,7 +99,7 @@ class NatureCNN(PixelTorso):
             nn.ReLU(),
             nn.Flatten(),
         )
-        super().__init__(conv, obs_shape, features)
+        super().__init__(conv, obs_shape, features, **pixels)
 
 
 class ResidualBlock(nn.Module):
@@ -103,8 +128,14 @@ class ImpalaCNN(PixelTorso):
     their frameworks' defaults. uint8 `[C, H, W]` in, scaled by 1/255 as the Nature CNN.
     """
 
+    min_side = 1
+
     def __init__(
-        self, obs_shape: tuple[int, ...], features: int, channels: tuple[int, ...] = (16, 32, 32)
+        self,
+        obs_shape: tuple[int, ...],
+        features: int,
+        channels: tuple[int, ...] = (16, 32, 32),
+        **pixels: float,
     ) -> None:
         layers: list[nn.Module] = []
         in_channels = obs_shape[0]
@@ -116,7 +147,8 @@ class ImpalaCNN(PixelTorso):
                 ResidualBlock(out_channels),
             ]
             in_channels = out_channels
-        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, features)
+        conv = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        super().__init__(conv, obs_shape, features, **pixels)
 
 
 class CategoricalHead(nn.Module):
@@ -136,6 +168,72 @@ class CategoricalHead(nn.Module):
     @staticmethod
     def mode(params: torch.Tensor) -> torch.Tensor:
         return params.argmax(-1)
+
+
+class MultiCategorical:
+    """One categorical per `MultiDiscrete` dimension, independent given the state: the
+    log-prob and the entropy of an action are the sums over its dimensions (SB3's
+    `MultiCategoricalDistribution`). Actions are `[..., D]` integers."""
+
+    def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
+        self.parts = [
+            Categorical(logits=part, validate_args=False) for part in logits.split(nvec, -1)
+        ]
+
+    def sample(self) -> torch.Tensor:
+        return torch.stack([part.sample() for part in self.parts], dim=-1)
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        dims = action.long().unbind(-1)
+        return torch.stack([p.log_prob(a) for p, a in zip(self.parts, dims)], -1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.stack([part.entropy() for part in self.parts], dim=-1).sum(-1)
+
+
+class MultiCategoricalHead(nn.Module):
+    """Logits for each `MultiDiscrete` dimension, side by side: `sum(nvec)` parameters."""
+
+    def __init__(self, in_dim: int, nvec: tuple[int, ...]) -> None:
+        super().__init__()
+        self.nvec = tuple(int(n) for n in nvec)
+        self.linear = init_layer(nn.Linear(in_dim, sum(self.nvec)), gain=0.01)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear(features)
+
+    def distribution(self, params: torch.Tensor) -> MultiCategorical:
+        return MultiCategorical(params, self.nvec)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([part.argmax(-1) for part in params.split(self.nvec, -1)], dim=-1)
+
+
+class BinaryActions(Independent):
+    """Independent Bernoulli actions, one per `MultiBinary` entry; the env's integer
+    actions are scored as floats (torch's Bernoulli takes only those)."""
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return super().log_prob(value.float())
+
+
+class BernoulliHead(nn.Module):
+    """One logit per `MultiBinary` entry (SB3's `BernoulliDistribution`)."""
+
+    def __init__(self, in_dim: int, n: int) -> None:
+        super().__init__()
+        self.linear = init_layer(nn.Linear(in_dim, n), gain=0.01)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear(features)
+
+    @staticmethod
+    def distribution(params: torch.Tensor) -> BinaryActions:
+        return BinaryActions(Bernoulli(logits=params, validate_args=False), 1)
+
+    @staticmethod
+    def mode(params: torch.Tensor) -> torch.Tensor:
+        return (params > 0).to(torch.int8)
 
 
 class GaussianHead(nn.Module):
@@ -236,5 +334,6 @@ def advance_held_noise(
 
 
 def is_image_space(space: gym.Space) -> bool:
-    """Image observations: 3-D uint8 boxes (channels first, as the env factory makes them)."""
+    """Image observations: 3-D uint8 boxes (channels first, as the env factory makes them,
+    or last, as most image envs give them)."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3

@@ -103,7 +103,30 @@ class RewardScaler(ObsNormalizer):
         return (reward.float() / torch.sqrt(self.var + EPS)).clamp(-self.clip, self.clip)
 
 
-def build_obs_normalizer(obs_space: gym.Space, cfg: ModelConfig) -> ObsNormalizer | None:
+class DictObsNormalizer(nn.Module):
+    """Dict observations: one `ObsNormalizer` per vector Box entry (by position, as module
+    names may not hold a key's '.'); images and discrete entries pass as they are."""
+
+    def __init__(self, entries: dict[str, gym.spaces.Box], clip: float) -> None:
+        super().__init__()
+        self.keys = list(entries)
+        self.norms = nn.ModuleList([ObsNormalizer(tuple(s.shape), clip) for s in entries.values()])
+
+    def forward(self, obs: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = dict(obs)
+        for key, norm in zip(self.keys, self.norms):
+            out[key] = norm(obs[key])
+        return out
+
+    @torch.no_grad()
+    def update(self, obs: dict[str, Tensor], group_sum: GroupSum | None = None) -> None:
+        for key, norm in zip(self.keys, self.norms):
+            norm.update(obs[key], group_sum)
+
+
+def build_obs_normalizer(
+    obs_space: gym.Space, cfg: ModelConfig
+) -> ObsNormalizer | DictObsNormalizer | None:
     """The normalizer `model.normalize_obs` asks for, or None.
 
     Image observations are refused: the Nature CNN already scales pixels by 1/255,
@@ -112,6 +135,23 @@ def build_obs_normalizer(obs_space: gym.Space, cfg: ModelConfig) -> ObsNormalize
     """
     if not cfg.normalize_obs:
         return None
+    if isinstance(obs_space, gym.spaces.Dict):
+        vectors = {
+            k: s
+            for k, s in obs_space.spaces.items()
+            if isinstance(s, gym.spaces.Box) and not is_image_space(s)
+        }
+        if not vectors:
+            raise ValueError(
+                f"model.normalize_obs=true normalizes the vector Box entries of {obs_space}, "
+                "which has none (allowed: model.normalize_obs=false)"
+            )
+        return DictObsNormalizer(vectors, cfg.obs_clip)
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(
+            f"model.normalize_obs=true normalizes Box observations; {obs_space} is encoded "
+            "one-hot or as 0/1, with nothing to normalize (allowed: model.normalize_obs=false)"
+        )
     if is_image_space(obs_space) or cfg.torso in ("cnn", "impala_cnn"):
         raise ValueError(
             f"model.normalize_obs=true normalizes vector observations; these are "

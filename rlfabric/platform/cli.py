@@ -1,14 +1,22 @@
 """The `rlfabric` command.
 
     rlfabric train SPEC.yaml [section.field=value ...]
+    rlfabric train [--arch NAME] [--algo NAME] [--env ID] [section.field=value ...]
     rlfabric train --resume runs/<name> [section.field=value ...]
     rlfabric train --resume auto SPEC.yaml run.name=NAME [section.field=value ...]
-    rlfabric tune SPEC.yaml [section.field=value ...]
+    rlfabric tune [SPEC.yaml] [--arch/--algo/--env NAME] [section.field=value ...]
     rlfabric tune --resume SEARCH_DIR
-    rlfabric spec show SPEC.yaml [section.field=value ...]
+    rlfabric spec show [SPEC.yaml] [--arch/--algo/--env NAME] [section.field=value ...]
     rlfabric spec schema
     rlfabric eval runs/<name> [--episodes 20] [--stochastic] [--video]
     rlfabric export runs/<name> [--format torchscript] [--out DIR]
+
+What to train is a spec file, names, overrides, or any of them together: the
+first word is the spec file if it is a file, else an override like the words
+after it. `--arch seed --algo vtrace --env CartPole-v1` is the names-only call
+`Platform(arch="seed", algo="vtrace", env="CartPole-v1")`; on a spec file they
+replace its arch.name, algo.name and env.id. The spec file comes first, the
+names on it, the dotted overrides last, each on top of the one before.
 
 A user error (bad spec, unknown name, missing checkpoint, also one raised
 inside an actor, such as too many non-finite updates) prints one paragraph
@@ -27,9 +35,12 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlfabric.errors import ActorError, RLFabricError
+from rlfabric.errors import ActorError, RLFabricError, SpecError
+
+if TYPE_CHECKING:
+    from rlfabric.platform.spec import ExperimentSpec
 
 
 def spec_reference() -> str:
@@ -66,9 +77,14 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlfabric", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    train = commands.add_parser("train", help="train from a YAML spec", spec_help=True)
-    train.add_argument("spec", nargs="?", help="YAML experiment spec")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=3e-4")
+    train = commands.add_parser(
+        "train",
+        help="train from a YAML spec, or from names and overrides alone",
+        spec_help=True,
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_spec_words(train, "dotted overrides, e.g. algo.lr=3e-4")
     train.add_argument(
         "--resume",
         metavar="LOGDIR",
@@ -81,9 +97,14 @@ def _parser() -> argparse.ArgumentParser:
         "tune",
         help="search the spec's `tune` section on Ray Tune; each trial is one run",
         spec_help=True,
+        epilog=TUNE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    search.add_argument("spec", nargs="?", help="YAML experiment spec with a tune section")
-    search.add_argument("overrides", nargs="*", help="dotted overrides, e.g. tune.num_samples=8")
+    _add_spec_words(
+        search,
+        "dotted overrides, e.g. tune.num_samples=8",
+        "YAML experiment spec with a tune section (optional: names and overrides alone do)",
+    )
     search.add_argument(
         "--resume",
         metavar="SEARCH_DIR",
@@ -95,14 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="run one spec under several architectures and compare them"
     )
-    bench.add_argument("spec", nargs="?", help="base YAML spec (optional)")
+    bench.add_argument(
+        "spec", nargs="?", help="base YAML spec (optional; a word that is no file is an override)"
+    )
     bench.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     bench.add_argument(
         "--env",
         help="env id (default: the spec's, else CartPole-v1); without "
         "a spec each run starts from examples/specs/<env>_<arch>_<algo>.yaml",
     )
-    bench.add_argument("--archs", default="seed,impala,ga3c", help="comma-separated archs")
+    bench.add_argument(
+        "--archs", "--arch", dest="archs", default="seed,impala,ga3c", help="comma-separated archs"
+    )
     bench.add_argument("--algo", default="vtrace", help="comma-separated algorithms")
     bench.add_argument("--frames", type=int, default=300_000, help="env frames per run")
     bench.add_argument(
@@ -136,9 +161,10 @@ def _parser() -> argparse.ArgumentParser:
         "show",
         help="print the fully resolved spec, each value with where it came from "
         "(user, preset <name>, default)",
+        epilog=SHOW_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    show.add_argument("spec", help="YAML experiment spec")
-    show.add_argument("overrides", nargs="*", help="dotted overrides")
+    _add_spec_words(show, "dotted overrides")
     _add_import(show)
     spec_sub.add_parser(
         "schema",
@@ -146,6 +172,98 @@ def _parser() -> argparse.ArgumentParser:
         "docs/reference/spec.md)",
     )
     return parser
+
+
+TRAIN_EXAMPLES = """\
+examples:
+  rlfabric train --algo ppo --env CartPole-v1          # names alone, the preset for them
+  rlfabric train env.id=LunarLander-v3 algo.name=ppo   # overrides alone
+  rlfabric train --env ALE/Pong-v5 algo.lr=3e-4        # names and overrides
+  rlfabric train examples/specs/cartpole_seed_vtrace.yaml algo.lr=1e-3
+  rlfabric train examples/specs/cartpole_seed_vtrace.yaml --arch impala
+
+The first word is the spec file if it is a file, else an override. On a spec
+file, --arch/--algo/--env replace its arch.name, algo.name, env.id (its other
+fields stay, and must fit the new name); the dotted overrides go on top of both."""
+
+TUNE_EXAMPLES = """\
+examples:
+  rlfabric tune search.yaml tune.num_samples=4
+  rlfabric tune --algo ppo --env CartPole-v1 tune.num_samples=8 \\
+      "tune.search.algo.lr={loguniform: [1.0e-4, 1.0e-2]}"   # names alone, a searched field"""
+
+SHOW_EXAMPLES = """\
+examples:
+  rlfabric spec show --algo ppo --env CartPole-v1      # what `rlfabric train` would train
+  rlfabric spec show examples/specs/cartpole_seed_ppo.yaml env.id=Acrobot-v1"""
+
+#: `--arch/--algo/--env NAME`, the field each names (`--algo ppo` is algo.name ppo).
+NAME_FLAGS = (("arch", "arch.name"), ("algo", "algo.name"), ("env", "env.id"))
+
+
+def _add_spec_words(
+    parser: argparse.ArgumentParser, overrides_help: str, spec_help: str = ""
+) -> None:
+    """A spec file, names and overrides: what train, tune and spec show take."""
+    parser.add_argument(
+        "spec",
+        nargs="?",
+        help=spec_help or "YAML experiment spec (optional: names and overrides alone do)",
+    )
+    parser.add_argument("overrides", nargs="*", help=overrides_help)
+    parser.add_argument(
+        "--arch", metavar="NAME", help="architecture (arch.name), e.g. seed, impala"
+    )
+    parser.add_argument("--algo", metavar="NAME", help="algorithm (algo.name), e.g. vtrace, ppo")
+    parser.add_argument("--env", metavar="ID", help="gymnasium env id (env.id), e.g. ALE/Pong-v5")
+
+
+def split_spec_words(words: list[str]) -> tuple[Path | None, list[str]]:
+    """The spec file and the overrides among a command's words: the first word is the
+    spec file if it is a file, else an override like every word after it."""
+    from rlfabric.platform.spec import parse_override
+
+    path = Path(words[0]) if words and Path(words[0]).is_file() else None
+    overrides = words[1:] if path else list(words)
+    for i, word in enumerate(overrides):
+        try:
+            parse_override(word)
+        except SpecError:
+            if path is None and i == 0:
+                why = "a folder" if Path(word).is_dir() else "no such file"
+                raise SpecError(
+                    f"{word!r} is not a spec file ({why}) nor an override (section.field=value)"
+                ) from None
+            first = (
+                "; the spec file is the first word, and only one" if Path(word).is_file() else ""
+            )
+            raise SpecError(f"{word!r} is not an override (section.field=value){first}") from None
+    return path, overrides
+
+
+def spec_from_args(
+    args: argparse.Namespace, command: str, extra: list[str] | None = None, otherwise: str = ""
+) -> ExperimentSpec:
+    """The spec a command line names, built as `Platform(...)` builds it: the spec file's
+    mapping (none: empty), `--arch/--algo/--env` set in it, then the dotted overrides and
+    `extra` applied; so names alone are the names-only call, same presets and provenance."""
+    from rlfabric.platform.spec import ExperimentSpec, read_spec_file, set_dotted
+
+    path, overrides = split_spec_words(_spec_words(args))
+    names = [(key, getattr(args, flag)) for flag, key in NAME_FLAGS if getattr(args, flag)]
+    if path is None and not names and not overrides:
+        raise SpecError(
+            f"{command} needs a spec file, names (--arch, --algo, --env) or overrides "
+            f"(section.field=value){otherwise}, e.g. `rlfabric {command} --env CartPole-v1`"
+        )
+    data = read_spec_file(path) if path else {}
+    for key, value in names:  # strings as given: an env id is not parsed as YAML
+        set_dotted(data, key.split("."), value)
+    return ExperimentSpec.build(data, [*overrides, *(extra or [])])
+
+
+def _spec_words(args: argparse.Namespace) -> list[str]:
+    return ([args.spec] if args.spec else []) + list(args.overrides)
 
 
 def _add_import(parser: argparse.ArgumentParser) -> None:
@@ -181,21 +299,15 @@ def _import_modules(modules: list[str]) -> None:
 def _train(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
 
-    overrides = list(args.overrides)
-    if args.address:
-        overrides.append(f"resources.address={args.address}")
-    if args.resume == "auto":  # `train --resume auto SPEC`: the spec's run.resume
-        if not args.spec:
-            raise RLFabricError("train --resume auto needs a spec file: SPEC run.name=NAME")
-        platform = Platform.from_yaml(args.spec, [*overrides, "run.resume=auto"])
-    elif args.resume:
-        if args.spec:  # `train --resume DIR a.b=c`: argparse took the first override as spec
-            overrides.insert(0, args.spec)
-        platform = Platform.resume(args.resume, overrides)
-    elif args.spec:
-        platform = Platform.from_yaml(args.spec, overrides)
-    else:
-        raise RLFabricError("train needs a spec file or --resume LOGDIR")
+    address = [f"resources.address={args.address}"] if args.address else []
+    if args.resume and args.resume != "auto":
+        # `train --resume DIR a.b=c`: every word is an override of the run's own spec
+        names = [f"{key}={getattr(args, flag)}" for flag, key in NAME_FLAGS if getattr(args, flag)]
+        platform = Platform.resume(args.resume, [*names, *_spec_words(args), *address])
+    else:  # `train --resume auto SPEC`: the spec's run.resume
+        resume = ["run.resume=auto"] if args.resume else []
+        spec = spec_from_args(args, "train", [*address, *resume], ", or --resume LOGDIR")
+        platform = Platform(spec)
     try:
         platform.fit()  # SIGTERM (`ray job stop`, schedulers) ends it as Ctrl-C does
     except KeyboardInterrupt:
@@ -208,15 +320,12 @@ def _tune(args: argparse.Namespace) -> int:
     from rlfabric.platform.facade import Platform
     from rlfabric.platform.tune import resume_search
 
-    if args.resume and (args.spec or args.overrides):
-        raise RLFabricError("tune --resume SEARCH_DIR takes no spec or overrides")
-    if not args.resume and not args.spec:
-        raise RLFabricError("tune needs a spec file or --resume SEARCH_DIR")
-    overrides = list(args.overrides)
-    if args.address:
-        overrides.append(f"resources.address={args.address}")
-    # A bad spec fails here, before Ray starts.
-    platform = None if args.resume else Platform.from_yaml(args.spec, overrides)
+    if args.resume and (_spec_words(args) or any(getattr(args, f) for f, _ in NAME_FLAGS)):
+        raise RLFabricError("tune --resume SEARCH_DIR takes no spec, names or overrides")
+    address = [f"resources.address={args.address}"] if args.address else []
+    platform = None
+    if not args.resume:  # a bad spec fails here, before Ray starts
+        platform = Platform(spec_from_args(args, "tune", address, ", or --resume SEARCH_DIR"))
     try:
         result = platform.tune() if platform else resume_search(args.resume, args.address)
     except KeyboardInterrupt:  # a second Ctrl-C: trials still writing were ended
@@ -234,29 +343,21 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import yaml
-
     from rlfabric.envs import describe_env
+    from rlfabric.platform import presets
     from rlfabric.platform.bench import format_table, plan_bench, run_bench
-    from rlfabric.platform.spec import ExperimentSpec
+    from rlfabric.platform.spec import ExperimentSpec, apply_overrides, read_spec_file
 
-    if args.spec and "=" in args.spec and not Path(args.spec).exists():
-        args.overrides.insert(0, args.spec)  # no spec file: argparse took an override
-        args.spec = None
-    base: dict[str, Any] | None = None
-    if args.spec:
-        spec = ExperimentSpec.from_yaml(args.spec)  # fail early, with the spec's own message
-        base = yaml.safe_load(Path(args.spec).read_text()) or {}
-    env_id = args.env or (spec.env.id if args.spec else "CartPole-v1")
+    path, overrides = split_spec_words(_spec_words(args))
+    base = read_spec_file(path) if path else None
+    if base is not None:
+        ExperimentSpec.build(base)  # fail early, with the spec's own message
+    # --env, else the spec's or an override's env.id, else the default env
+    raw = presets.normalize(apply_overrides(base or {}, overrides))
+    env_id = args.env or presets.names(raw)["env"]
     out = Path(args.out)
     specs = plan_bench(
-        base,
-        env_id,
-        args.archs.split(","),
-        args.algo.split(","),
-        args.frames,
-        out,
-        args.overrides,
+        base, env_id, args.archs.split(","), args.algo.split(","), args.frames, out, overrides
     )
     threshold = args.threshold
     if threshold is None:
@@ -321,16 +422,22 @@ def _spec(args: argparse.Namespace) -> int:
 def _spec_show(args: argparse.Namespace) -> int:
     from rlfabric.envs import describe_env
     from rlfabric.envs.config import find_spec, is_atari
-    from rlfabric.platform.spec import ExperimentSpec
 
-    spec = ExperimentSpec.from_yaml(args.spec, args.overrides)
+    spec = spec_from_args(args, "spec show")
     threshold = describe_env(spec.env).reward_threshold
     print(spec.to_annotated_yaml(threshold, is_atari(find_spec(spec.env.id))), end="")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    # argparse leaves the words after a flag that follows a word (`train env.id=X --algo
+    # ppo algo.lr=1e-3`): overrides too, where the command takes them
+    if rest:
+        if not hasattr(args, "overrides") or any(word.startswith("-") for word in rest):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.overrides += rest
     handlers: dict[str, Any] = {
         "train": _train,
         "tune": _tune,

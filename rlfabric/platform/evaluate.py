@@ -20,6 +20,7 @@ import numpy as np
 from rlfabric.algorithms import Algorithm
 from rlfabric.envs import EnvConfig, EpisodeTracker, describe_env, make_vector_env
 from rlfabric.envs.config import find_spec, is_atari
+from rlfabric.envs.wrappers import env_rewards
 from rlfabric.errors import CheckpointError, RLFabricError
 from rlfabric.platform.checkpoint import newest_checkpoint
 from rlfabric.platform.spec import ExperimentSpec
@@ -67,8 +68,8 @@ def evaluate(
         returns, lengths = np.full(episodes, np.nan), np.zeros(episodes, np.int64)
         while np.isnan(returns).any():
             action, _, state = algorithm.act(obs, state, tracker.first, deterministic=deterministic)
-            obs, reward, terminated, truncated, _ = envs.step(action)
-            ended_returns, ended_lengths = tracker.update(reward, terminated, truncated)
+            obs, reward, terminated, truncated, info = envs.step(action)
+            ended_returns, ended_lengths = tracker.update(reward, terminated, truncated, info)
             first_time = np.isnan(returns[tracker.ended])  # keep each env's first episode
             envs_ended = np.flatnonzero(tracker.ended)[first_time]
             returns[envs_ended] = ended_returns[first_time]
@@ -127,8 +128,8 @@ def record_video(
             else:
                 frames.append(_render(envs, env_cfg.id))
             action, _, state = algorithm.act(obs, state, first, deterministic=deterministic)
-            obs, reward, terminated, truncated, _ = envs.step(action)
-            total += float(reward[0])
+            obs, reward, terminated, truncated, info = envs.step(action)
+            total += float(env_rewards(reward, info)[0])  # the env's own, as training reports
             first = np.zeros(1, bool)
             if terminated[0] or truncated[0]:
                 break

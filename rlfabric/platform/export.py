@@ -2,7 +2,8 @@
 
 The exported file runs with torch alone, no rlfabric: `torch.jit.load` it and
 call it on a batch of observations as the env produces them (for Atari, the
-DeepMind-preprocessed uint8 frame stacks; scaling is inside). A recurrent
+DeepMind-preprocessed uint8 frame stacks; scaling is inside; for Dict observations, a
+dict of tensors keyed by each entry's path, as `policy.json` lists them). A recurrent
 policy takes `(obs, state, first)` and returns `(action, next_state)`; its
 initial state is zeros `[N, 2, H]`. Next to the policy go `policy.json`
 (shapes, dtypes, the env id) and `load_policy.py`, a tiny script that loads
@@ -16,13 +17,16 @@ import importlib.util
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import gymnasium as gym
 import torch
 
 from rlfabric.algorithms import Algorithm
 from rlfabric.errors import RLFabricError
+from rlfabric.observations import obs_map, sample_batch
 from rlfabric.platform.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -40,7 +44,13 @@ import torch
 here = Path(__file__).parent
 info = json.loads((here / "policy.json").read_text())
 policy = torch.jit.load(str(here / "policy.pt"))
-obs = torch.as_tensor(np.zeros([1, *info["obs_shape"]], dtype=info["obs_dtype"]))
+if isinstance(info["obs_shape"], dict):  # Dict observations: one array per entry
+    obs = {
+        key: torch.as_tensor(np.zeros([1, *shape], dtype=info["obs_dtype"][key]))
+        for key, shape in info["obs_shape"].items()
+    }
+else:
+    obs = torch.as_tensor(np.zeros([1, *info["obs_shape"]], dtype=info["obs_dtype"]))
 if info["recurrent"]:
     state = torch.zeros([1, *info["state_shape"]])
     action, state = policy(obs, state, torch.ones(1, dtype=torch.bool))
@@ -50,10 +60,16 @@ print(f"{info['env_id']}: action {action.tolist()} for a zero observation")
 '''
 
 
+def _per_entry(space: gym.Space, fact: Callable[[gym.Space], Any]) -> Any:
+    """`fact` of the observation space, or of each entry of a (flat) Dict space."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: fact(sub) for key, sub in space.spaces.items()}
+    return fact(space)
+
+
 def example_inputs(algorithm: Algorithm, batch: int = 2) -> tuple[torch.Tensor, ...]:
     """Observations (and state, first flags) shaped as the env and policy expect."""
-    space = algorithm.obs_space
-    obs = torch.as_tensor(np.stack([space.sample() for _ in range(batch)]))
+    obs = obs_map(torch.as_tensor, sample_batch(algorithm.obs_space, batch))
     state = algorithm.initial_state(batch)
     if state is None:
         return (obs,)
@@ -86,8 +102,8 @@ def export_policy(
     info = {
         "env_id": spec.env.id,
         "algo": spec.algo.name,
-        "obs_shape": list(algorithm.obs_space.shape),
-        "obs_dtype": str(algorithm.obs_space.dtype),
+        "obs_shape": _per_entry(algorithm.obs_space, lambda s: list(s.shape)),
+        "obs_dtype": _per_entry(algorithm.obs_space, lambda s: str(s.dtype)),
         "action_space": str(algorithm.action_space),
         "recurrent": state is not None,
         "state_shape": None if state is None else list(state.shape[1:]),

@@ -46,6 +46,7 @@ from rlfabric.platform.evaluate import evaluate
 from rlfabric.platform.ray_setup import init_ray, sigterm_as_interrupt
 from rlfabric.platform.reporting import Reporter, read_records
 from rlfabric.platform.spec import ExperimentSpec, StopConfig
+from rlfabric.platform.trackers import TRACKERS_FILE, Trackers, check_installed, end_status
 from rlfabric.runtime.learner import make_algorithm
 
 if TYPE_CHECKING:
@@ -125,7 +126,9 @@ def register_env_creator(creator: Callable[..., gymnasium.Env]) -> str:
 
 
 def check_spec(spec: ExperimentSpec) -> EnvInfo:
-    """Checks that need the env's spaces; raise SpecError before anything starts."""
+    """Checks that need the env's spaces (and the trackers' packages); raise SpecError
+    before anything starts."""
+    check_installed(spec.run.loggers)
     env_info = describe_env(spec.env)
     algo_cls = ALGORITHMS[spec.algo.name]
     arch_cls = ARCHITECTURES[spec.arch.name]
@@ -203,6 +206,7 @@ class Platform:
         self._resume_checkpoint: Path | None = None
         self._checkpoint_lock = threading.Lock()
         self._checkpoints_asked: list[Future[Path]] = []
+        self._events: list[tuple[str, dict[str, Any]]] = []
 
     def tune(self) -> TuneResult:
         """Search the spec's `tune` section on Ray Tune; each trial is one run like `fit()`'s."""
@@ -243,6 +247,11 @@ class Platform:
             self._checkpoints_asked.append(future)
         return future
 
+    def log_event(self, name: str, details: dict[str, Any]) -> None:
+        """Have `fit()` record an event in the run's trackers as it starts them, at the
+        frames it starts from (a search's PBT exploit: donor, checkpoint, new values)."""
+        self._events.append((name, details))
+
     def _answer_checkpoint_requests(self, path: Path | None) -> None:
         with self._checkpoint_lock:
             asked, self._checkpoints_asked = self._checkpoints_asked, []
@@ -275,8 +284,19 @@ class Platform:
             if done is not None:
                 return done
         title = f"{spec.env.id} | {spec.arch.name} + {spec.algo.name} | {logdir.name}"
-        reporter = Reporter(logdir, spec.run.display, title, stop, spec.run.return_window)
         run_log = _RunLog(logdir / "run.log")
+        trackers = Trackers(spec, logdir)
+        for name, details in self._events:
+            trackers.event(name, details, state["counters"]["env_frames"] if state else 0)
+        reporter = Reporter(
+            logdir,
+            spec.run.display,
+            title,
+            stop,
+            spec.run.return_window,
+            tensorboard="tensorboard" in spec.run.loggers,
+            trackers=trackers,
+        )
         where = f"{logdir} (on {socket.gethostname()})"
         reporter.message(f"logs:       {where}")
         log.info("logs: %s", where)
@@ -339,21 +359,25 @@ class Platform:
                     arch.stop()
                 log.info("stopped: %s (checkpoint: %s)", progress.reason, progress.checkpoint)
                 reporter.close()
-                run_log.close()
-                # The curve draws while Ray shuts down: most of that second is spent
-                # waiting for Ray's processes to exit.
-                with ThreadPoolExecutor(1, thread_name_prefix="plot") as pool:
-                    drawing = pool.submit(reporter.plot)
-                    if started_ray:
-                        ray.shutdown()
-                    curve = drawing.result()
+                try:
+                    # The curve draws while Ray shuts down: most of that second is spent
+                    # waiting for Ray's processes to exit.
+                    with ThreadPoolExecutor(1, thread_name_prefix="plot") as pool:
+                        drawing = pool.submit(reporter.plot)
+                        if started_ray:
+                            ray.shutdown()
+                        curve = drawing.result()
+                    # after the curve, which they log; their warnings still go to run.log
+                    problems = trackers.close(progress.checkpoint, end_status(progress.reason))
+                finally:
+                    run_log.close()
                 final = progress.metrics.get("episode_return_mean")
                 reporter.message(
                     f"stopped: {progress.reason}\n"
                     f"{progress.target.describe(final, spec.run.return_window)}\n"
                     f"logs:       {logdir}\n"
                     f"checkpoint: {progress.checkpoint}\n"
-                    f"curve:      {curve}"
+                    f"curve:      {curve}" + "".join(f"\ntrackers:   {line}" for line in problems)
                 )
         checkpoint = str(progress.checkpoint) if progress.checkpoint else None
         return Result(
@@ -505,6 +529,7 @@ class Platform:
             # A run that died before its first checkpoint: its records describe frames
             # that no checkpoint kept, so it starts over in the same folder.
             (logdir / "metrics.jsonl").unlink(missing_ok=True)
+            (logdir / TRACKERS_FILE).unlink(missing_ok=True)  # new tracker runs too
             shutil.rmtree(logdir / "tensorboard", ignore_errors=True)
         (logdir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (logdir / "spec.yaml").write_text(spec.to_yaml())

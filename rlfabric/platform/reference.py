@@ -179,6 +179,8 @@ def _command(title: str, parser: argparse.ArgumentParser, summary: str) -> list[
         rows.append(f"| `{name}` | {_cell(action.help or '')} | {default} |")
     if rows:
         lines += ["| argument | meaning | default |", "|---|---|---|", *rows]
+    if parser.epilog:  # the examples `--help` ends with
+        lines += ["", "```", parser.epilog, "```"]
     return lines
 
 

@@ -1,4 +1,5 @@
-"""Where metrics go: metrics.jsonl, TensorBoard, a live display and curve.png.
+"""Where metrics go: metrics.jsonl, TensorBoard, a live display and curve.png, and the
+trackers `run.loggers` names (W&B, MLflow: `platform.trackers`, off this loop).
 
 One record per report interval. The live display (rich on a terminal, plain
 lines otherwise, as under `ray job submit`) shows frames/s, return, losses and
@@ -13,13 +14,16 @@ import math
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from rlfabric.runtime.config import StopConfig
+
+if TYPE_CHECKING:
+    from rlfabric.platform.trackers import Trackers
 
 #: (metric, label, format) rows of the live display, in order.
 DISPLAY_ROWS = [
@@ -116,7 +120,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 class Reporter:
-    """Writes every record to the logdir's sinks and the chosen display."""
+    """Writes every record to the logdir's sinks, the trackers and the chosen display."""
 
     def __init__(
         self,
@@ -125,6 +129,9 @@ class Reporter:
         title: str,
         stop: StopConfig | None = None,
         return_window: int = 100,
+        *,
+        tensorboard: bool = True,
+        trackers: Trackers | None = None,
     ) -> None:
         self.logdir = logdir
         self.title = title
@@ -134,9 +141,12 @@ class Reporter:
         self._breakdown_at = -math.inf  # wall_time_s of the plain display's last breakdown
         self.records = read_records(logdir / "metrics.jsonl")  # a resumed run appends
         self._jsonl = open(logdir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
-        from torch.utils.tensorboard import SummaryWriter  # slow import, only when reporting
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # slow import, only when used
 
-        self._tb = SummaryWriter(str(logdir / "tensorboard"))
+            self._tb = SummaryWriter(str(logdir / "tensorboard"))
+        self.trackers = trackers
         if display == "auto":
             display = "rich" if sys.stdout.isatty() else "plain"
         self.display = display
@@ -152,9 +162,12 @@ class Reporter:
         self.records.append(record)
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        step = int(record.get("env_frames", 0))
-        for key, value in record.items():
-            self._tb.add_scalar(key, value, step)
+        if self._tb is not None:
+            step = int(record.get("env_frames", 0))
+            for key, value in record.items():
+                self._tb.add_scalar(key, value, step)
+        if self.trackers:  # each on its own thread: this only queues the record
+            self.trackers.log(record)
         shown = dict(record)
         rate = windowed_rate(self.records)
         if rate is not None:
@@ -228,5 +241,6 @@ class Reporter:
         if self._live is not None:
             self._live.stop()
             self._live = None
-        self._tb.close()
+        if self._tb is not None:
+            self._tb.close()
         self._jsonl.close()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-import logging
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,8 +37,6 @@ from rlfabric.platform import presets
 from rlfabric.platform.presets import Provenance
 from rlfabric.runtime.config import ResourcesConfig, RunConfig, StopConfig
 from rlfabric.sparse.config import SparseConfig
-
-log = logging.getLogger(__name__)
 
 #: Frame budget of a run whose spec names no stop condition (besides the env's
 #: registered reward threshold, which also applies then).
@@ -293,26 +291,7 @@ class ExperimentSpec(_Section):
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise SpecError(f"spec file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise SpecError(f"spec file {str(path)!r} is not valid YAML: {err}") from None
-        if data is None:
-            log.warning(
-                "spec file %r is empty: it trains the defaults (`rlfabric spec show %s` "
-                "prints them)",
-                str(path),
-                path,
-            )
-            data = {}
-        if not isinstance(data, dict):
-            raise SpecError(
-                f"spec file {str(path)!r} must hold a mapping, got {type(data).__name__}"
-            )
-        return cls.build(data, overrides)
+        return cls.build(read_spec_file(path), overrides)
 
     def user_values(self) -> dict[str, Any]:
         """What the user wrote (overrides applied, shorthands expanded), before presets:
@@ -333,6 +312,11 @@ class ExperimentSpec(_Section):
     def origin(self, path: tuple[str, ...]) -> str:
         """Where the value at `path` came from: 'user', 'preset <name>' or 'default'."""
         return self._provenance.origin(path) if self._provenance else "user"
+
+    def provenance(self) -> list[tuple[str, Any, str]]:
+        """(dotted key, value, origin) of every value of the resolved spec, the origin
+        as `spec show` gives it: what a tracker logs as the run's config."""
+        return list(_leaves(self.to_dict(), (), self.origin))
 
     def to_dict(self) -> dict[str, Any]:
         # No `tune: null` in every run's spec.yaml: the section is for searches only.
@@ -371,6 +355,33 @@ class ExperimentSpec(_Section):
         return StopConfig(env_frames=DEFAULT_ENV_FRAMES, episode_return_mean=reward_threshold)
 
 
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping a YAML spec file holds; raise SpecError naming the file if there is
+    none, it is not YAML, it holds no mapping, or an empty one.
+
+    An empty file is refused rather than read as the defaults: it is more often the wrong
+    file, or one not yet saved, than a choice, and it would train CartPole for minutes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"spec file {str(path)!r} is not valid YAML: {err}") from None
+    if data is None or data == {}:
+        defaults = presets.DEFAULT_NAMES["env"]
+        raise SpecError(
+            f"spec file {str(path)!r} is empty: it names nothing to train. To train the "
+            f"defaults on purpose, name them: `rlfabric train --env {defaults}` without a "
+            f"file, or `env: {defaults}` in it (`rlfabric spec show --env {defaults}` "
+            "prints what that trains)"
+        )
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
 def _check_search(tune: TuneConfig, data: dict[str, Any]) -> None:
     """Build the spec with each searched field at the values a trial may get, so that a
     key naming no field or a value the field refuses fails now, naming the key."""
@@ -400,6 +411,18 @@ def _check_search(tune: TuneConfig, data: dict[str, Any]) -> None:
                 raise SpecError(
                     f"invalid spec: tune.search.{key}: value {value!r}: {detail}"
                 ) from None
+
+
+def _leaves(
+    node: dict[str, Any], path: tuple[str, ...], origin: Any
+) -> Iterator[tuple[str, Any, str]]:
+    """The leaves of a mapping as `_annotate` walks them, each with its origin."""
+    for key, value in node.items():
+        here = (*path, key)
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, here, origin)
+        else:
+            yield ".".join(here), value, origin(here)
 
 
 def _annotate(node: dict[str, Any], path: tuple[str, ...], origin: Any) -> list[str]:
@@ -434,6 +457,8 @@ def _find_preset(data: dict[str, Any]) -> presets.Preset | None:
         return None  # the whole spec's validation names the env's error
     try:
         preset = presets.find_preset(name, chosen["algo"], chosen["arch"], env)
+    except SpecError:  # the env's own (a wrapper that fails on the env the family needs)
+        raise
     except ValueError as err:
         raise SpecError(f"preset: {err}") from None
     if preset is None:

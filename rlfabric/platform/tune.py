@@ -72,6 +72,7 @@ from rlfabric.platform.facade import Platform, Result, check_spec, runs_folder
 from rlfabric.platform.ray_setup import init_ray
 from rlfabric.platform.reporting import read_records
 from rlfabric.platform.spec import ExperimentSpec, TuneConfig, set_dotted
+from rlfabric.platform.trackers import close_search_run, end_status, open_search_run
 
 #: Tune's own records (experiment state, per-trial result files), inside the search folder.
 TUNE_RECORDS = "ray_tune"
@@ -125,6 +126,7 @@ class _Plan:
     cpus_per_trial: float  # the cluster's CPUs over the trials that run at once
     env_info: EnvInfo
     mode: str = "max"
+    mlflow_parent: str | None = None  # the search's own MLflow run, the trials' nest under it
 
     @property
     def worst(self) -> float:
@@ -145,6 +147,11 @@ class _Plan:
         # resume auto: a trial started again (`--resume`) goes on from its newest checkpoint
         run.update(name=trial_id, logdir=str(self.folder), resume="auto", display="none")
         probe = ExperimentSpec.build(data)
+        # one tracker run per trial, grouped under the search
+        if "wandb" in probe.run.loggers and probe.run.wandb.group is None:
+            run.setdefault("wandb", {})["group"] = self.folder.name
+        if self.mlflow_parent is not None and probe.run.mlflow.parent_run_id is None:
+            run.setdefault("mlflow", {})["parent_run_id"] = self.mlflow_parent
         resources = data.setdefault("resources", {})
         actors = _actors(probe)
         # Pinned in the spec, so that the run places exactly what the group holds; at most
@@ -200,6 +207,7 @@ class _Trial(tune.Trainable):
         self.platform: Platform | None = None
         self.result: Result | None = None
         self.start_from: Path | None = None  # a donor's checkpoint: a PBT exploit
+        self.exploit: dict[str, Any] | None = None  # its lineage line, for the trackers
         self.records: queue.Queue[dict[str, Any] | BaseException] = queue.Queue()
         self.pending: dict[str, Any] | None = None  # the record after the one Tune has
         self.stop_asked = threading.Event()
@@ -210,6 +218,8 @@ class _Trial(tune.Trainable):
         if self.start_from is not None:  # the donor's weights, this trial's values
             (self.run_folder / "spec.yaml").write_text(self.spec.to_yaml())
             self.platform = Platform.resume(self.run_folder, checkpoint=self.start_from)
+            if self.exploit is not None:
+                self.platform.log_event("pbt_exploit", self.exploit)
         else:
             self.platform = Platform(self.spec)
             if not (self.run_folder / LINEAGE).exists():
@@ -315,17 +325,16 @@ class _Trial(tune.Trainable):
         for file in _checkpoint_files(donor):
             _link(file, own / file.name)
         self.start_from = own / donor.name
-        self._lineage(
-            {
-                "donor": source["trial"],
-                "checkpoint": source["checkpoint"],
-                "env_frames": source["env_frames"],
-                "donor_config": source["config"],
-                "config": dict(self.config),
-                # where the run's records go on from the donor's frames (for the curves)
-                "records_before": len(read_records(self.run_folder / "metrics.jsonl")),
-            }
-        )
+        self.exploit = {
+            "donor": source["trial"],
+            "checkpoint": source["checkpoint"],
+            "env_frames": source["env_frames"],
+            "donor_config": source["config"],
+            "config": dict(self.config),
+            # where the run's records go on from the donor's frames (for the curves)
+            "records_before": len(read_records(self.run_folder / "metrics.jsonl")),
+        }
+        self._lineage(self.exploit)
 
     def _lineage(self, line: dict[str, Any]) -> None:
         self.run_folder.mkdir(parents=True, exist_ok=True)
@@ -408,11 +417,13 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
         len(d.value) for d in config.search.values() if d.kind == "grid"
     )
     budget = spec.stop_conditions(env_info.reward_threshold).env_frames
+    search_run = open_search_run(spec, folder)
     started_ray = init_ray(spec.resources)
     try:
         at_once = min(trials, config.max_concurrent_trials or trials)
         cpus = ray.cluster_resources()["CPU"] / at_once
-        plan = _Plan(base, folder, config.metric, cpus, env_info, config.mode)
+        parent = search_run.run_id if search_run is not None else None
+        plan = _Plan(base, folder, config.metric, cpus, env_info, config.mode, parent)
         trainable = tune.with_resources(tune.with_parameters(_Trial, plan=plan), plan.placement)
         display = _Display(config, trials, budget, spec.run.display)
         if resume:
@@ -451,6 +462,10 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
             # PBT without reused actors is by design: an exploit starts the run anew.
             warnings.filterwarnings("ignore", message=".*reuse_actors.*")
             grid = tuner.fit()
+    except BaseException as err:
+        failed = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
+        close_search_run(search_run, config.metric, None, end_status(failed))
+        raise
     finally:
         if started_ray:
             ray.shutdown()
@@ -467,6 +482,8 @@ def _search(spec: ExperimentSpec, env_info: EnvInfo, folder: Path, resume: bool)
         best_spec = plan.spec({k: best[k] for k in keys})
         (folder / "best_spec.yaml").write_text(best_spec.to_yaml())
     best_metric = best["final"] if best else None
+    status = end_status("interrupted" if interrupted else "")
+    close_search_run(search_run, config.metric, best_metric, status)
     return TuneResult(best_spec, best_metric, rows, str(folder), keys, interrupted)
 
 

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from rlfabric.observations import batch_len, concat
+
 Request = dict[str, Any]
 #: (obs, state, first) -> (action, extras, next state)
 ActFn = Callable[
@@ -46,7 +48,7 @@ class RecurrentStates:
     def get(self, request: Request) -> np.ndarray | None:
         entry = self._states.get(request["key"])
         if entry is None or entry[0] != request["run_id"]:
-            return self.initial(len(request["obs"]))
+            return self.initial(batch_len(request["obs"]))
         return entry[1]
 
     def put(self, request: Request, state: np.ndarray | None) -> None:
@@ -73,20 +75,16 @@ class UniformActions:
         return action, {"policy_action": action}, None
 
 
-def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
 def act_on_requests(act: ActFn, states: RecurrentStates, requests: list[Request]) -> list[Acted]:
     """One forward pass for all requests; returns one `Acted` per request, in order."""
     held = [states.get(r) for r in requests]
-    state_in = None if held[0] is None else _stack(held)
+    state_in = None if held[0] is None else concat(held)
     action, extras, state_out = act(
-        _stack([r["obs"] for r in requests]), state_in, _stack([r["is_first"] for r in requests])
+        concat([r["obs"] for r in requests]), state_in, concat([r["is_first"] for r in requests])
     )
     acted, start = [], 0
     for request in requests:
-        rows = slice(start, start + len(request["obs"]))
+        rows = slice(start, start + batch_len(request["obs"]))
         start = rows.stop
         if state_out is not None:
             states.put(request, state_out[rows])

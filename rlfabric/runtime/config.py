@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlfabric.algorithms import AlgoConfig
 from rlfabric.envs import EnvConfig
@@ -136,6 +136,65 @@ class StopConfig(_Section):
     )
 
 
+class WandbConfig(_Section):
+    """Weights & Biases options, read when `run.loggers` names wandb. A value set here
+    wins over wandb's environment variable for it; null leaves it to that variable."""
+
+    project: str | None = Field(
+        None, description="W&B project; null: WANDB_PROJECT, else 'rlfabric'"
+    )
+    entity: str | None = Field(
+        None, description="W&B team or user; null: WANDB_ENTITY, else your default entity"
+    )
+    group: str | None = Field(
+        None,
+        description="group of runs; null: WANDB_RUN_GROUP, and in a search the search's name",
+    )
+    tags: list[str] = Field(default_factory=list, description="run tags; []: WANDB_TAGS")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None,
+        description="null: WANDB_MODE, else online; offline keeps the run in dir for `wandb sync`",
+    )
+    dir: str | None = Field(
+        None, description="folder of wandb's own files; null: WANDB_DIR, else the run folder"
+    )
+    log_checkpoint: bool = Field(
+        False, description="log the final checkpoint as a model artifact at the run's end"
+    )
+    close_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="longest wait at the run's end for W&B to take the last records and files",
+    )
+
+
+class MlflowConfig(_Section):
+    """MLflow options, read when `run.loggers` names mlflow. A value set here wins over
+    MLflow's environment variable for it; null leaves it to that variable."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="tracking server or store; null: MLFLOW_TRACKING_URI, else MLflow's "
+        "default (sqlite:///mlflow.db in the current directory)",
+    )
+    experiment: str | None = Field(
+        None,
+        description="experiment name, created if new; null: MLFLOW_EXPERIMENT_NAME, else "
+        "MLflow's 'Default'",
+    )
+    parent_run_id: str | None = Field(
+        None, description="MLflow run this one nests under; a search sets its own run's id"
+    )
+    log_checkpoint: bool = Field(
+        False, description="log the final checkpoint as an artifact at the run's end"
+    )
+    close_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="longest wait at the run's end for MLflow to take the last records and files",
+    )
+
+
 class RunConfig(_Section):
     """Bookkeeping: seed, stop, logging and checkpoints."""
 
@@ -212,6 +271,33 @@ class RunConfig(_Section):
     display: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="live display: 'auto' is rich on a terminal, plain lines otherwise"
     )
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["jsonl", "tensorboard"],
+        description="where each report interval's metrics go: jsonl (metrics.jsonl, always), "
+        "tensorboard, wandb, mlflow (options in run.wandb, run.mlflow; each its extra: pip "
+        "install 'rlfabric[wandb]')",
+    )
+    wandb: WandbConfig = Field(
+        default_factory=WandbConfig, description="Weights & Biases, when run.loggers names it"
+    )
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig, description="MLflow, when run.loggers names it"
+    )
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers_keep_the_record(cls, loggers: list[str]) -> list[str]:
+        """metrics.jsonl is what a resume appends to, curve.png is drawn from and a
+        search ranks trials by: it is not optional."""
+        if "jsonl" not in loggers:
+            raise ValueError(
+                "must name jsonl: metrics.jsonl is the run's own record (resume, curve.png "
+                "and searches read it)"
+            )
+        twice = sorted({name for name in loggers if loggers.count(name) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once")
+        return loggers
 
     @model_validator(mode="after")
     def _auto_resume_needs_a_name(self) -> RunConfig:

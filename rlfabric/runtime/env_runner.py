@@ -18,6 +18,7 @@ import numpy as np
 
 from rlfabric.envs import EnvConfig, EpisodeTracker, make_vector_env
 from rlfabric.envs.config import find_spec, is_atari
+from rlfabric.observations import batch_len
 
 Request = dict[str, Any]
 
@@ -99,7 +100,7 @@ class EnvRunner:
     def reset(self, group: int) -> Request:
         obs, _ = self.envs[group].reset(seed=self.seeds[group])
         tracker = self.trackers[group]
-        n = len(obs)
+        n = batch_len(obs)
         return self._request(
             group,
             obs,

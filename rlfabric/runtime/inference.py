@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfabric.observations import batch_len
 from rlfabric.runtime.stats import IntervalStats
 from rlfabric.runtime.workers import ThreadPool
 
@@ -92,7 +93,7 @@ class InferenceServer:
             first = self._requests.get(timeout=0.1)
         except queue.Empty:
             return []
-        batch, envs = [first], len(first.request["obs"])
+        batch, envs = [first], batch_len(first.request["obs"])
         deadline = time.perf_counter() + self.timeout_s
         while envs < self.max_batch:
             wait = deadline - time.perf_counter() if envs < self.min_batch else 0.0
@@ -101,7 +102,7 @@ class InferenceServer:
             except queue.Empty:
                 break
             batch.append(item)
-            envs += len(item.request["obs"])
+            envs += batch_len(item.request["obs"])
         return batch
 
     def _serve_one_batch(self) -> None:
@@ -115,7 +116,7 @@ class InferenceServer:
             elapsed = time.perf_counter() - start
             self.stats.add_many(
                 {
-                    "inference_batch_envs": sum(len(p.request["obs"]) for p in batch),
+                    "inference_batch_envs": sum(batch_len(p.request["obs"]) for p in batch),
                     "inference_batch_requests": len(batch),
                     "inference_ms": 1000.0 * elapsed,
                 }

@@ -24,6 +24,7 @@ import torch
 from rlfabric.algorithms import ALGORITHMS, Algorithm
 from rlfabric.envs import EnvInfo
 from rlfabric.errors import RLFabricError
+from rlfabric.observations import batch_len
 from rlfabric.runtime.acting import UniformActions
 from rlfabric.runtime.stats import IntervalStats
 
@@ -163,10 +164,10 @@ class Learner:
         """Sample actions; extras get the policy version that acted (for policy lag)."""
         version = self.policy_version
         if self.explore is not None and version == 0:
-            action, extras, state = self.explore(len(obs))
+            action, extras, state = self.explore(batch_len(obs))
         else:
             action, extras, state = self.inference.act(obs, state, first)
-        extras["policy_version"] = np.full(len(obs), version, np.int64)
+        extras["policy_version"] = np.full(batch_len(obs), version, np.int64)
         return action, extras, state
 
     def record_steps(self, tally: dict[str, Any]) -> None:

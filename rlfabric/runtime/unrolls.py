@@ -7,6 +7,7 @@ one step: the last observation of an unroll bootstraps it and is the first of
 the next one. Arrays are time-major: `[T+1, n, ...]` for `obs` and
 `is_first`, `[T, n, ...]` for everything that follows an action, and
 `[1, n, ...]` for a recurrent policy's `state` at the unroll's first step.
+Dict observations are a dict of such arrays under `obs` (`rlfabric.observations`).
 
 With reward normalization on (`algo.normalize_reward`), an unroll also carries
 `return` `[T, n]`: each env's running discounted sum of rewards after step t,
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from rlfabric.observations import concat, empty_like, first_array, obs_map, write
 
 #: Keys carried by a step request that describe the step just taken.
 STEP_OUTCOME = ("reward", "terminated", "truncated")
@@ -47,7 +50,7 @@ def _empty_block(
         return np.empty((steps, *like.shape), dtype=like.dtype)
 
     arrays = {
-        "obs": alloc(length + 1, request["obs"]),
+        "obs": empty_like(request["obs"], (length + 1,)),
         "is_first": alloc(length + 1, request["is_first"]),
         "action": alloc(length, action),
         **{k: alloc(length, request[k]) for k in STEP_OUTCOME},
@@ -97,7 +100,7 @@ class UnrollAssembler:
             if block is not None and block.t > 0:
                 self.dropped_unrolls += 1
             block = self._blocks[key] = self._new_block(run_id, request, action, extras, state)
-            block.arrays["obs"][0] = request["obs"]
+            write(block.arrays["obs"], 0, request["obs"])
             block.arrays["is_first"][0] = request["is_first"]
             if self.return_gamma is not None:
                 self._returns[key] = np.zeros(request["reward"].shape, np.float32)
@@ -105,14 +108,14 @@ class UnrollAssembler:
             t, a = block.t, block.arrays
             for k in STEP_OUTCOME:
                 a[k][t - 1] = request[k]
-            a["obs"][t] = request["obs"]
+            write(a["obs"], t, request["obs"])
             a["is_first"][t] = request["is_first"]
             if self.return_gamma is not None:
                 self._running_return(key, request, out=a["return"][t - 1])
             if t == self.unroll_length:
                 finished = a
                 block = self._blocks[key] = self._new_block(run_id, request, action, extras, state)
-                block.arrays["obs"][0] = a["obs"][t]
+                write(block.arrays["obs"], 0, obs_map(lambda x: x[t], a["obs"]))
                 block.arrays["is_first"][0] = a["is_first"][t]
         a, t = block.arrays, block.t
         a["action"][t] = action
@@ -151,22 +154,18 @@ class BatchBuilder:
         self._pending: list[dict[str, np.ndarray]] = []
         self._columns = 0
 
-    def add(self, unroll: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def add(self, unroll: dict[str, Any]) -> list[dict[str, Any]]:
         self._pending.append(unroll)
-        self._columns += next(iter(unroll.values())).shape[1]
+        self._columns += first_array(next(iter(unroll.values()))).shape[1]
         batches = []
-        while self._columns >= self.batch_size:
-            merged = (
-                self._pending[0]
-                if len(self._pending) == 1
-                else {
-                    k: np.concatenate([u[k] for u in self._pending], axis=1)
-                    for k in self._pending[0]
-                }
-            )
-            batches.append({k: v[:, : self.batch_size] for k, v in merged.items()})
-            self._columns -= self.batch_size
+        size = self.batch_size
+        while self._columns >= size:
+            merged = {k: concat([u[k] for u in self._pending], axis=1) for k in self._pending[0]}
+            batches.append({k: obs_map(lambda x: x[:, :size], v) for k, v in merged.items()})
+            self._columns -= size
             self._pending = (
-                [{k: v[:, self.batch_size :] for k, v in merged.items()}] if self._columns else []
+                [{k: obs_map(lambda x: x[:, size:], v) for k, v in merged.items()}]
+                if self._columns
+                else []
             )
         return batches

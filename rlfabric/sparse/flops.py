@@ -72,13 +72,15 @@ def forward_flops(
 ) -> ForwardFlops:
     """Count per-sample forward FLOPs by running ``module(*inputs)`` once.
 
-    ``inputs`` carry a leading batch dimension (taken from the first one); counts are
+    ``inputs`` carry a leading batch dimension (taken from the first one, or from an entry
+    of it where it is a dict of tensors); counts are
     divided by it. Forward hooks read each layer's output size, so convolutions need no
     shape arithmetic and a layer called twice is counted twice. ``masks`` maps layer names
     to their masks; a layer without one counts as dense. The module runs in eval mode under
     ``no_grad`` (batch-norm statistics stay untouched) and its mode is restored.
     """
-    batch = inputs[0].shape[0]
+    first = inputs[0]  # dict observations: a dict of tensors, one per entry
+    batch = (next(iter(first.values())) if isinstance(first, Mapping) else first).shape[0]
     masks = masks or {}
     counts: dict[str, tuple[int, int]] = {}
 
