@@ -138,12 +138,16 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as store:
         uri = args.mlflow_uri or f"sqlite:///{store}/mlflow.db"
+        if args.mlflow_uri is None:  # its artifacts in the store too, not ./mlruns
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(uri).create_experiment("tracker_cost", f"{store}/artifacts")
         variants = {
             "none (jsonl, tensorboard)": {},
             "+ wandb (offline)": {"loggers": ["jsonl", "tensorboard", "wandb"]},
             f"+ mlflow ({uri.split(':')[0]})": {
                 "loggers": ["jsonl", "tensorboard", "mlflow"],
-                "mlflow": {"tracking_uri": uri},
+                "mlflow": {"tracking_uri": uri, "experiment": "tracker_cost"},
             },
         }
         print(f"{args.records} report calls of {len(KEYS)} metrics each")

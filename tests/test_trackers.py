@@ -58,7 +58,12 @@ class _Server:
         self.log = open(folder / "server.log", "w")  # noqa: SIM115 - closed in stop()
         # its own process group: stop() ends the server and the workers it starts, no more
         self.process = subprocess.Popen(
-            cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=folder,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.ready = False
 

@@ -105,15 +105,17 @@ class RunFiles:
 
 
 def nested_provenance(spec: ExperimentSpec) -> dict[str, Any]:
-    """The resolved spec's shape with each value's origin in its place."""
-    out: dict[str, Any] = {}
-    for key, _, origin in spec.provenance():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = origin
-    return out
+    """The resolved spec's shape (`to_dict`) with each value's origin in its place."""
+
+    def walk(node: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            key: walk(value, (*path, key))
+            if isinstance(value, dict) and value
+            else spec.origin((*path, key))
+            for key, value in node.items()
+        }
+
+    return walk(spec.to_dict(), ())
 
 
 class Tracker:
